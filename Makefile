@@ -1,0 +1,62 @@
+# dcu-serving — the two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+BIN := $(VENV)/bin
+PY := python3
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: help venv lint unit molecule test images demo demo-down collection constraints clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(BIN)/.stamp: requirements/constraints.txt requirements/dev.txt pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade -c requirements/constraints.txt pip setuptools wheel
+	$(BIN)/pip install -q -c requirements/constraints.txt -r requirements/dev.txt -e .
+	mkdir -p .collections/ansible_collections/dcu
+	ln -sfn ../../.. .collections/ansible_collections/dcu/serving
+	touch $@
+
+venv: $(BIN)/.stamp  ## create .venv with the pinned toolchain and dcu-serving (editable)
+
+lint: venv  ## ansible-lint (production profile), yamllint, ruff
+	$(BIN)/yamllint -s .
+	$(BIN)/ruff check src tests tools bench plugins
+	$(BIN)/ansible-lint --profile production
+
+unit: venv  ## pytest: modules, proxy, client, simulator
+	$(BIN)/pytest -q
+
+images: venv  ## build the local test images (cached by recipe hash)
+	tools/ensure-docker
+	tools/build-image node
+	tools/build-image pybase
+
+molecule: venv images  ## every molecule scenario
+	set -e; for s in $$(ls molecule); do \
+	  [ -f molecule/$$s/molecule.yml ] || continue; \
+	  echo "== molecule test -s $$s"; $(BIN)/molecule test -s $$s; \
+	done
+
+test: lint unit molecule  ## everything CI runs
+
+collection: venv  ## build the collection tarball into build/
+	$(BIN)/ansible-galaxy collection build --force --output-path build/
+
+constraints:  ## re-pin requirements/constraints.txt from a fresh resolve
+	rm -rf build/pin && $(PY) -m venv build/pin
+	build/pin/bin/pip install -q -r requirements/dev.txt -e .
+	{ echo "# Pinned toolchain and runtime versions (regenerate: make constraints)."; \
+	  build/pin/bin/pip freeze --exclude-editable; } > requirements/constraints.txt
+
+demo: venv images  ## provision the emulated 8-card node end to end (filled by the serving layer)
+	@echo "make demo: arrives with the serving layer (issue 7)"; exit 2
+
+demo-down:  ## tear the demo node down
+	@echo "make demo-down: arrives with the serving layer (issue 7)"
+
+clean:  ## remove build output (keeps .venv)
+	rm -rf build bundle .pytest_cache .ruff_cache

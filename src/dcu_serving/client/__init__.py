@@ -1,0 +1,1 @@
+"""The standard client: the service contract compiled into code."""

@@ -1,0 +1,28 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import SERVED_MODEL, ServerProcess, free_port, python_module
+
+
+@pytest.fixture
+def start_sim(tmp_path):
+    """Start dcu-vllm-sim subprocesses: start_sim("--sim-itl-ms", "5") -> ServerProcess (ready)."""
+    started: list[ServerProcess] = []
+
+    def start(*extra: str, port: int | None = None, wait: bool = True, env: dict | None = None,
+              served_model_name: str = SERVED_MODEL) -> ServerProcess:
+        port = port or free_port()
+        args = python_module(
+            "dcu_serving.sim", "serve", f"/models/{served_model_name}", "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", served_model_name, *extra,
+        )
+        server = ServerProcess(args, port, env=env or {}, log=tmp_path / f"sim-{port}.log")
+        started.append(server)
+        return server.start(ready_path="/health" if wait else None)
+
+    yield start
+    for server in started:
+        server.stop()
