@@ -48,12 +48,18 @@ class ThinkingSplitter:
         self.pending = ""
         self.thinking = ""
         self.answer = ""
+        self.after_close = False  # drop the blank lines between </think> and the answer
 
     def feed(self, piece: str) -> str:
         self.pending += piece
         out = []
         while self.pending:
             if self.state == "answer":
+                if self.after_close:
+                    self.pending = self.pending.lstrip()
+                    self.after_close = not self.pending
+                    if not self.pending:
+                        break
                 keep = _partial_tag_len(self.pending, OPEN)
                 if OPEN in self.pending:
                     before, _, self.pending = self.pending.partition(OPEN)
@@ -78,7 +84,7 @@ class ThinkingSplitter:
             if CLOSE in self.pending:
                 thought, _, self.pending = self.pending.partition(CLOSE)
                 self.thinking += thought
-                self.pending = self.pending.lstrip()
+                self.after_close = True
                 self.state = "answer"
                 continue
             if self.state == "thinking":  # tagged: the text is known to be thinking
