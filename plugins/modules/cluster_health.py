@@ -1,0 +1,263 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dcu-serving contributors
+# Apache-2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: cluster_health
+short_description: Wait until every vLLM instance behind dcu-proxy is healthy, and say why not
+description:
+  - Polls the proxy's C(/__lb_status) until C(healthy) reaches O(expected) or O(timeout) passes.
+  - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends one real
+    chat completion with an image through the proxy to prove the service answers end to end.
+  - "On failure the message is a per-card diagnosis naming the unit to look at, for example
+    C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
+  - Read-only; never changes anything, so it runs the same in check mode.
+version_added: "0.1.0"
+author: dcu-serving maintainers
+options:
+  url:
+    description: Base URL of dcu-proxy.
+    type: str
+    default: http://127.0.0.1:8000
+  expected:
+    description:
+      - How many backends must be healthy. Defaults to the number of backends the proxy knows.
+    type: int
+  timeout:
+    description: Seconds to keep polling before failing.
+    type: float
+    default: 300
+  interval:
+    description: Seconds between polls.
+    type: float
+    default: 2
+  base_port:
+    description: Port of card 0's vLLM instance; card index = port - base_port (unit C(vllm@<index>)).
+    type: int
+    default: 8002
+  check_backends:
+    description: Also probe each backend's C(/health) and C(/v1/models) directly.
+    type: bool
+    default: false
+  model:
+    description: Served model name the backends must list and the functional request uses.
+    type: str
+    default: MiniCPM-V-4.5
+  functional_request:
+    description: Send one chat completion with a small image through the proxy and check the answer.
+    type: bool
+    default: false
+  orid:
+    description: Order id (C(user)) of the functional request, to find it in the results log.
+    type: str
+    default: cluster-health
+  request_timeout:
+    description: Seconds the functional request may take.
+    type: float
+    default: 120
+notes:
+  - Uses only the Python standard library on the target; talks to the proxy without any HTTP proxy.
+"""
+
+EXAMPLES = r"""
+- name: Wait for 8/8 behind the proxy
+  dcu.serving.cluster_health:
+    expected: 8
+    timeout: 600
+
+- name: Prove the service end to end (read-only, safe on production)
+  dcu.serving.cluster_health:
+    expected: 8
+    check_backends: true
+    functional_request: true
+    orid: "verify-{{ ansible_date_time.epoch }}"
+"""
+
+RETURN = r"""
+healthy:
+  description: Healthy backends.
+  returned: always
+  type: int
+  sample: 8
+total:
+  description: Backends the proxy knows.
+  returned: always
+  type: int
+  sample: 8
+summary:
+  description: C(healthy/total).
+  returned: always
+  type: str
+  sample: 8/8
+elapsed:
+  description: Seconds spent polling.
+  returned: always
+  type: float
+backends:
+  description: One entry per backend, with the card index and unit derived from its port.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {url: "http://127.0.0.1:8002", card: 0, unit: "vllm@0", healthy: true, active: 0,
+       last_error: null, health: 200, models: ["MiniCPM-V-4.5"], diagnosis: null}
+functional:
+  description: The functional request's result.
+  returned: when O(functional_request) is true
+  type: dict
+  sample: {status: 200, backend: "127.0.0.1:8005", finish_reason: "stop", latency_s: 0.41,
+           request_id: "a1b2", completion_tokens: 12}
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
+
+# An 8x8 white PNG: the smallest honest image for a functional request.
+PROBE_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAFUlEQVR42mP8//8/AzbAxIADDE4JAFbUAw3/dxQWAAAAAElFTkSuQmCC"
+
+
+def host_port(url):
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def card_of(url, base_port):
+    try:
+        return int(host_port(url).rsplit(":", 1)[1]) - base_port
+    except (IndexError, ValueError):
+        return None
+
+
+def describe_backend(entry, base_port, model, probe):
+    url = entry.get("url", "")
+    card = card_of(url, base_port)
+    unit = "vllm@%s" % card if card is not None else "the unit serving %s" % url
+    info = {
+        "url": url, "card": card, "unit": unit, "healthy": bool(entry.get("healthy")),
+        "active": entry.get("active"), "last_error": entry.get("last_error"),
+        "health": None, "models": None, "diagnosis": None,
+    }
+    if probe:
+        health = request(url.rstrip("/") + "/health", timeout=5)
+        info["health"] = health.status
+        if health.status is None:
+            info["diagnosis"] = "%s on %s" % (health.error, host_port(url))
+        elif health.status != 200:
+            info["diagnosis"] = "engine unhealthy (/health answered %s)" % health.status
+        else:
+            models = request(url.rstrip("/") + "/v1/models", timeout=5)
+            names = [m.get("id") for m in ((models.body or {}).get("data") or []) if isinstance(m, dict)]
+            info["models"] = names
+            if model not in names:
+                info["diagnosis"] = "serves %s, not %s — check /etc/dcu-serving/vllm/%s.env" % (
+                    names or "no models", model, card)
+    if info["diagnosis"] is None and not info["healthy"]:
+        info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
+    return info
+
+
+def functional_request(module, url, model, orid, timeout, backends):
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PROBE_PNG}},
+            {"type": "text", "text": "Describe the image in one sentence."},
+        ]}],
+        "max_tokens": 64,
+        "temperature": 0.2,
+        "user": orid,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    started = time.monotonic()
+    res = request(url.rstrip("/") + "/v1/chat/completions", method="POST", payload=payload, timeout=timeout)
+    out = {"status": res.status, "backend": res.headers.get("X-Backend"),
+           "request_id": res.headers.get("X-Request-Id"), "latency_s": round(time.monotonic() - started, 3)}
+    problem = None
+    if res.status is None:
+        problem = "the request through the proxy failed: %s" % res.error
+    elif res.status != 200:
+        err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
+        message = err.get("message") if isinstance(err, dict) else res.raw[:300]
+        problem = "the request through the proxy answered %s: %s" % (res.status, message)
+    else:
+        choice = ((res.body or {}).get("choices") or [{}])[0]
+        out["finish_reason"] = choice.get("finish_reason")
+        out["completion_tokens"] = ((res.body or {}).get("usage") or {}).get("completion_tokens")
+        content = (choice.get("message") or {}).get("content")
+        known = set(host_port(b["url"]) for b in backends)
+        if not content:
+            problem = "the answer was empty (finish_reason %s)" % out["finish_reason"]
+        elif out["backend"] not in known:
+            problem = "X-Backend %r is not one of the proxy's backends %s" % (out["backend"], sorted(known))
+    if problem:
+        module.fail_json(msg="functional request (orid %s): %s" % (orid, problem), functional=out)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            expected=dict(type="int"),
+            timeout=dict(type="float", default=300),
+            interval=dict(type="float", default=2),
+            base_port=dict(type="int", default=8002),
+            check_backends=dict(type="bool", default=False),
+            model=dict(type="str", default="MiniCPM-V-4.5"),
+            functional_request=dict(type="bool", default=False),
+            orid=dict(type="str", default="cluster-health"),
+            request_timeout=dict(type="float", default=120),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    url = p["url"].rstrip("/")
+    started = time.monotonic()
+    deadline = started + p["timeout"]
+    while True:
+        status = request(url + "/__lb_status", timeout=5)
+        body = status.body if status.ok and isinstance(status.body, dict) else None
+        if body is not None:
+            healthy, total = int(body.get("healthy", 0)), int(body.get("total", 0))
+            expected = p["expected"] if p["expected"] is not None else total
+            if total and healthy >= expected:
+                break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(p["interval"])  # polling interval of a deadline-bounded wait
+    elapsed = round(time.monotonic() - started, 2)
+
+    if body is None:
+        cause = status.error or "HTTP %s" % status.status
+        module.fail_json(
+            msg="dcu-proxy does not answer on %s/__lb_status (%s) after %ss — systemctl status dcu-proxy; "
+                "journalctl -u dcu-proxy" % (url, cause, elapsed),
+            healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[])
+
+    probe = p["check_backends"] or healthy < expected
+    backends = [describe_backend(b, p["base_port"], p["model"], probe) for b in body.get("backends", [])]
+    result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
+                  elapsed=elapsed, backends=backends)
+    problems = ["card %s: %s — journalctl -u %s" % (b["card"], b["diagnosis"], b["unit"])
+                for b in backends if b["diagnosis"]]
+    if total < expected:
+        problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
+                        % (total, expected))
+    if healthy < expected or (p["check_backends"] and problems):
+        module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
+            healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)
+    if p["functional_request"]:
+        result["functional"] = functional_request(
+            module, url, p["model"], p["orid"], p["request_timeout"], backends)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
