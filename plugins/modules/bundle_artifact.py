@@ -1,0 +1,152 @@
+#!/usr/bin/python
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see the collection's LICENSE)
+
+DOCUMENTATION = r"""
+---
+module: bundle_artifact
+short_description: Verify an offline-bundle artifact on the host against its SHA-256
+version_added: 0.1.0
+description:
+  - Computes the SHA-256 of a file on the managed host and compares it with the sum the bundle's
+    C(index.json) gives for that artifact.
+  - Reports whether the file is present and verified, missing, or different (mismatch), with the
+    file, the expected and the actual sum. Never changes the file.
+  - Sums are cached by (path, size, modification time), so a re-run does not re-read multi-GB files
+    that did not change. The cache is the only thing the module writes; it is not written in check mode.
+author:
+  - dcu-serving contributors
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  path:
+    description: Path of the artifact on the managed host.
+    type: path
+    required: true
+  sha256:
+    description: Expected SHA-256 (64 hex digits), for example the C(sha256) of the artifact in C(index.json).
+    type: str
+    required: true
+  name:
+    description:
+      - Name of the artifact in messages, usually its C(file) in C(index.json) (C(driver/rock-6.3.30-V1.4.1a.run)).
+      - Defaults to O(path).
+    type: str
+  strict:
+    description:
+      - Fail unless the file is present and verified; the message names the file, expected and actual sums.
+      - With V(false) a missing or different file is reported, not a failure (to decide whether to copy it).
+    type: bool
+    default: false
+  cache:
+    description:
+      - Path of the checksum cache file.
+      - Defaults to C(/var/cache/dcu-serving/sha256-cache.json) for root and
+        C(~/.cache/dcu-serving/sha256-cache.json) for other users.
+      - An empty string disables the cache.
+    type: path
+notes:
+  - The cache trusts size and modification time, like C(make) and C(rsync) do; a tool that rewrites a
+    file keeping both would defeat it. Remove the cache file to force a full re-hash.
+"""
+
+EXAMPLES = r"""
+- name: Check whether the host already holds the verified installer
+  dcu.serving.bundle_artifact:
+    path: /var/lib/dcu-serving/bundle/driver/rock-6.3.30-V1.4.1a.run
+    sha256: "{{ artifact.sha256 }}"
+    name: "{{ artifact.file }}"
+  register: installer
+
+- name: Use a staged file only when it is the one the bundle names
+  dcu.serving.bundle_artifact:
+    path: /srv/bundle/dtk/DTK-26.04-Debian12-x86_64.tar.gz
+    sha256: 0f3c...e1
+    strict: true
+"""
+
+RETURN = r"""
+status:
+  description: V(verified) (present, same sum), V(missing), or V(mismatch) (present, different sum).
+  returned: always
+  type: str
+  sample: verified
+verified:
+  description: Whether O(path) is present and has the expected sum.
+  returned: always
+  type: bool
+path:
+  description: The file that was checked.
+  returned: always
+  type: str
+name:
+  description: The artifact's name as given (or the path).
+  returned: always
+  type: str
+expected:
+  description: The expected SHA-256, lower case.
+  returned: always
+  type: str
+actual:
+  description: The file's SHA-256; null when the file is missing.
+  returned: always
+  type: str
+size:
+  description: File size in bytes; null when the file is missing.
+  returned: always
+  type: int
+cached:
+  description: Whether the sum came from the cache instead of reading the file.
+  returned: always
+  type: bool
+"""
+
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dcu.serving.plugins.module_utils.checksum import ChecksumCache, default_cache_path, verify
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "sha256": {"type": "str", "required": True},
+            "name": {"type": "str"},
+            "strict": {"type": "bool", "default": False},
+            "cache": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    expected = params["sha256"].strip().lower()
+    if not re.match(r"^[0-9a-f]{64}$", expected):
+        module.fail_json(msg="sha256 must be 64 hex digits (the artifact's sha256 in index.json), got {!r}".format(
+            params["sha256"]))
+    name = params["name"] or params["path"]
+    cache_path = default_cache_path() if params["cache"] is None else params["cache"] or None
+    cache = ChecksumCache(cache_path, write=not module.check_mode)
+    try:
+        result = verify(params["path"], expected, cache)
+    except OSError as exc:
+        module.fail_json(msg="cannot read {} ({}): {}; check the path and the permissions".format(
+            name, params["path"], exc.strerror))
+    for warning in cache.warnings:
+        module.warn(warning)
+    result.update(name=name, verified=result["status"] == "verified", changed=False)
+    if params["strict"] and not result["verified"]:
+        if result["status"] == "missing":
+            msg = "{} is missing at {}; stage the bundle again".format(name, params["path"])
+        else:
+            msg = ("checksum mismatch for {}: expected sha256 {}, actual {} ({}); the file is corrupt or "
+                   "not the one index.json names, replace it from an intact bundle".format(
+                       name, result["expected"], result["actual"], params["path"]))
+        module.fail_json(msg=msg, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
