@@ -15,8 +15,11 @@ def start_sim(tmp_path):
     def start(*extra: str, port: int | None = None, wait: bool = True, env: dict | None = None,
               served_model_name: str = SERVED_MODEL) -> ServerProcess:
         port = port or free_port()
+        model_dir = tmp_path / "models" / served_model_name  # like vLLM, the sim needs a model dir
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
         args = python_module(
-            "dcu_serving.sim", "serve", f"/models/{served_model_name}", "--host", "127.0.0.1",
+            "dcu_serving.sim", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", served_model_name, *extra,
         )
         server = ServerProcess(args, port, env=env or {}, log=tmp_path / f"sim-{port}.log")

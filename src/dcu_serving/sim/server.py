@@ -1,0 +1,327 @@
+"""The HTTP side: vLLM's OpenAI server endpoints on aiohttp, plus /__sim/fault to inject faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+from aiohttp import web
+
+from dcu_serving.sim import VLLM_VERSION
+from dcu_serving.sim.config import SimConfig
+from dcu_serving.sim.engine import THINK_CLOSE, THINK_OPEN, Engine, Sequence, plan
+from dcu_serving.sim.faults import Fault, FaultError, Faults, crash_process
+from dcu_serving.sim.metrics import Metrics
+from dcu_serving.sim.protocol import (
+    APIError,
+    check_length,
+    check_sampling,
+    count_prompt,
+    error_body,
+    parse_request,
+)
+
+log = logging.getLogger("dcu_serving.sim")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
+THINK_TAGS = (THINK_OPEN, THINK_CLOSE)
+
+config_key = web.AppKey("config", SimConfig)
+faults_key = web.AppKey("faults", Faults)
+engine_key = web.AppKey("engine", Engine)
+metrics_key = web.AppKey("metrics", Metrics)
+load_key = web.AppKey("load", list)
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
+                        content_type="application/json")
+
+
+def _error(err: APIError) -> web.Response:
+    return _json(err.body(), err.status)
+
+
+@web.middleware
+async def hang_and_fastapi_errors(request: web.Request, handler):
+    """`hang` holds every request except /__sim; unknown routes answer like FastAPI ({"detail": ...})."""
+    faults = request.app[faults_key]
+    if faults.hanging and not request.path.startswith("/__sim/"):
+        await faults.wait_while_hanging()
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, 405)
+    except web.HTTPException:
+        raise
+    except Exception as e:  # vLLM answers any server-side bug in its error envelope, with the cause logged
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return _json(error_body(f"{type(e).__name__}: {e}", "InternalServerError", 500), 500)
+
+
+# --- health, models, version, metrics ------------------------------------------------------------
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=503 if request.app[faults_key].unhealthy else 200)
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[config_key]
+    created = int(time.time())
+    cards = [{
+        "id": name, "object": "model", "created": created, "owned_by": "vllm",
+        "root": str(config.model_path), "parent": None, "max_model_len": config.max_model_len,
+        "permission": [{
+            "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+            "organization": "*", "group": None, "is_blocking": False,
+        }],
+    } for name in config.served_model_names]
+    return _json({"object": "list", "data": cards})
+
+
+async def version(request: web.Request) -> web.Response:
+    return _json({"version": VLLM_VERSION})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[metrics_key].exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def load(request: web.Request) -> web.Response:
+    return _json({"server_load": request.app[load_key][0]})
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+async def get_faults(request: web.Request) -> web.Response:
+    return _json({"faults": request.app[faults_key].describe()})
+
+
+async def post_fault(request: web.Request) -> web.Response:
+    try:
+        fault = Fault.from_json(await request.json())
+    except (FaultError, ValueError) as e:
+        return _json(error_body(str(e), "BadRequestError", 400), 400)
+    faults = request.app[faults_key]
+    faults.set(fault)
+    log.warning("fault injected: %s", fault.kind)
+    if fault.kind == "crash":
+        schedule_crash(fault)
+    return _json({"faults": faults.describe()})
+
+
+async def delete_fault(request: web.Request) -> web.Response:
+    faults = request.app[faults_key]
+    faults.clear(request.query.get("kind"))
+    log.warning("faults cleared: %s", request.query.get("kind", "all"))
+    return _json({"faults": faults.describe()})
+
+
+def schedule_crash(fault: Fault):
+    """The process exits after_s from now (0: as soon as the current response is out)."""
+    asyncio.get_running_loop().call_later(fault.params["after_s"], crash_process, "fault crash")
+
+
+# --- chat completions ----------------------------------------------------------------------------
+
+class Encoder:
+    """SSE bytes for one stream: every piece shares the same envelope, so encode it once."""
+
+    def __init__(self, request_id: str, created: int, model: str):
+        self.head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        prefix = b"data: " + json.dumps(self.head, separators=(",", ":"))[:-1].encode()
+        self.content = prefix + b',"choices":[{"index":0,"delta":{"content":'
+        self.reasoning = prefix + b',"choices":[{"index":0,"delta":{"reasoning_content":'
+        self.tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def piece(self, text: str, reasoning: bool) -> bytes:
+        return (self.reasoning if reasoning else self.content) + json.dumps(text).encode() + self.tail
+
+    def event(self, **fields) -> bytes:
+        return b"data: " + json.dumps({**self.head, **fields}, separators=(",", ":")).encode() + b"\n\n"
+
+    def role(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self.event(choices=[choice])
+
+    def finish(self, delta: dict, reason: str) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+        return self.event(choices=[choice])
+
+
+def _usage(seq: Sequence) -> dict:
+    return {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
+            "completion_tokens": seq.generated}
+
+
+def _split(seq: Sequence, reasoning_parser: bool) -> tuple[str | None, str | None]:
+    """(reasoning_content, content): with a reasoning parser the <think> block moves out of content."""
+    if not reasoning_parser:
+        return None, "".join(seq.pieces)
+    think = seq.pieces[:seq.thinking_pieces]
+    reasoning = "".join(p for p in think if p not in THINK_TAGS) if think else None
+    return reasoning, "".join(seq.pieces[seq.thinking_pieces:])
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    config, faults = app[config_key], app[faults_key]
+    load_counter = app[load_key]
+    if config.enable_server_load_tracking:
+        load_counter[0] += 1
+    try:
+        return await _chat_completions(request, config, faults)
+    except APIError as err:
+        return _error(err)
+    finally:
+        if config.enable_server_load_tracking:
+            load_counter[0] -= 1
+
+
+async def _chat_completions(request: web.Request, config: SimConfig, faults: Faults) -> web.StreamResponse:
+    body = parse_request(await request.read())
+    if body.model is not None and body.model not in config.served_model_names:
+        raise APIError(f"The model `{body.model}` does not exist.", 404, "NotFoundError", "model")
+    if body.ignored_fields:
+        log.warning("The following fields were present in the request but ignored: %s", body.ignored_fields)
+    failure = faults.take_error_status()
+    if failure:
+        status, kind = failure
+        raise APIError(f"Simulated engine failure (dcu-vllm-sim fault {kind!r}).", status,
+                       "InternalServerError" if status >= 500 else "BadRequestError")
+    max_tokens = check_sampling(body)
+    prompt_tokens, images = count_prompt(body.messages, config.image_limit)
+    max_tokens = check_length(prompt_tokens, max_tokens, config.max_model_len)
+
+    request_id = f"chatcmpl-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
+    key = {"messages": body.messages, "temperature": body.temperature, "seed": body.seed,
+           "thinking": body.thinking}
+    seq = plan(config, key, prompt_tokens, images, body.thinking, max_tokens, request_id)
+    model = body.model or config.served_model_names[0]
+    engine = request.app[engine_key]
+    if body.stream:
+        usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+        return await _stream(request, engine, seq, model, usage)
+    return await _complete(engine, seq, model)
+
+
+async def _complete(engine: Engine, seq: Sequence, model: str) -> web.Response:
+    created = int(time.time())
+    try:
+        async with engine.run(seq) as timer:
+            for _ in seq.pieces:
+                await timer.next_token()
+    except asyncio.CancelledError:
+        _log_abort(seq)
+        raise
+    reasoning, content = _split(seq, engine.config.reasoning_parser is not None)
+    message = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
+               "function_call": None, "tool_calls": [], "reasoning_content": reasoning}
+    _log_done(seq, "complete")
+    return _json({
+        "id": seq.request_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": seq.finish_reason,
+                     "stop_reason": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {**_usage(seq), "prompt_tokens_details": None},
+        "prompt_logprobs": None, "kv_transfer_params": None,
+    })
+
+
+async def _stream(request: web.Request, engine: Engine, seq: Sequence, model: str,
+                  include_usage: bool) -> web.StreamResponse:
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)  # like vLLM: 200 and headers at once, chunks when tokens come
+    enc = Encoder(seq.request_id, int(time.time()), model)
+    split = engine.config.reasoning_parser is not None
+    last = len(seq.pieces) - 1
+    try:
+        async with engine.run(seq) as timer:
+            for i, text in enumerate(seq.pieces):
+                await timer.next_token()
+                thinking = i < seq.thinking_pieces
+                if split and thinking and text in THINK_TAGS:
+                    text = None  # the parser swallows the tags
+                if i == last:
+                    delta = {} if text is None else {("reasoning_content" if split and thinking else "content"): text}
+                    chunk = enc.finish(delta, seq.finish_reason)
+                elif text is None:
+                    chunk = b""
+                else:
+                    chunk = enc.piece(text, split and thinking)
+                if i == 0:
+                    chunk = enc.role() + chunk
+                if chunk:
+                    await response.write(chunk)
+        tail = enc.event(choices=[], usage=_usage(seq)) if include_usage else b""
+        await response.write(tail + DONE)
+        await response.write_eof()
+    except ConnectionResetError:
+        _log_abort(seq)
+        return response
+    except asyncio.CancelledError:
+        _log_abort(seq)
+        raise
+    _log_done(seq, "stream")
+    return response
+
+
+def _log_abort(seq: Sequence):
+    log.info("request %s: client disconnected, aborted after %d tokens", seq.request_id, seq.generated)
+
+
+def _log_done(seq: Sequence, mode: str):
+    # Never the prompt or images: counts and outcome only.
+    log.info("request %s (%s): prompt_tokens=%d images=%d completion_tokens=%d finish_reason=%s e2e=%.3fs",
+             seq.request_id, mode, seq.prompt_tokens, seq.images, seq.generated, seq.finish_reason,
+             time.monotonic() - seq.arrival)
+
+
+# --- app -----------------------------------------------------------------------------------------
+
+def create_app(config: SimConfig) -> web.Application:
+    app = web.Application(middlewares=[hang_and_fastapi_errors], client_max_size=64 * 1024 * 1024)
+    faults = Faults()
+    metrics_ = Metrics(config.model_name)
+    engine = Engine(config, faults, metrics_)
+    metrics_.watch(engine)
+    app[config_key], app[faults_key], app[metrics_key], app[engine_key] = config, faults, metrics_, engine
+    app[load_key] = [0]
+    app.router.add_get("/health", health)
+    app.router.add_route("*", "/ping", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/load", load)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/__sim/fault", get_faults)
+    app.router.add_post("/__sim/fault", post_fault)
+    app.router.add_delete("/__sim/fault", delete_fault)
+
+    async def start_faults(app):
+        for fault in config.faults:
+            faults.set(fault)
+            log.warning("fault injected at start: %s %s", fault.kind, fault.params)
+            if fault.kind == "crash":
+                schedule_crash(fault)
+
+    app.on_startup.append(start_faults)
+    return app
+
+
+def serve(config: SimConfig):
+    host = config.host or "0.0.0.0"
+    log.info("Starting vLLM API server on http://%s:%d", host, config.port)
+    # handler_cancellation: a client that hangs up cancels its handler, which frees the sequence's slot.
+    web.run_app(create_app(config), host=host, port=config.port, access_log=None,
+                print=lambda _: log.info("Application startup complete."),
+                handler_cancellation=True, shutdown_timeout=5)
