@@ -7,3 +7,8 @@ systemctl enable docker.service >/dev/null 2>&1 || true
 # Inside a container the only storage driver that works without extra privileges is vfs.
 mkdir -p /etc/docker
 printf '{\n  "storage-driver": "vfs"\n}\n' >/etc/docker/daemon.json
+# The DCU emulation: a oneshot that plays kernel + udev at every boot (docs/emulation.md).
+install -D -m 0755 /tmp/recipe/files/dcu-emu-boot /usr/local/lib/dcu-emu/boot
+install -m 0644 /tmp/recipe/files/dcu-emu.service /etc/systemd/system/dcu-emu.service
+install -m 0644 /tmp/recipe/files/dcu-emu.env /etc/dcu-emu.env
+systemctl enable dcu-emu.service >/dev/null
