@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Run an interactive installer on a pseudo-terminal and answer its prompts by matching them.
+
+    answer_prompts.py --spec SPEC_JSON -- COMMAND [ARG...]
+
+SPEC_JSON: {"prompts": [{"pattern": REGEX, "answer": TEXT}, ...],   # answered each time they appear
+            "expect": [REGEX, ...],                                 # must appear in the output
+            "log": PATH, "timeout": SECONDS, "prompt_idle": SECONDS}
+
+The rock installer asks its questions only in some situations and in no fixed order, and reads the
+answers from the terminal, so a fixed stdin cannot answer it. pexpect is not available on an
+air-gapped host; this needs only the Python standard library. The whole transcript goes to stdout and
+to the log file. Exit status: the installer's, or 2 on an unanswered prompt or a timeout, 3 when it
+exited 0 without printing every expected line.
+"""
+
+import argparse
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+# A partial last line that looks like a question: the installer waits for an answer we do not have.
+QUESTION = re.compile(r"(\?|:|\]|>)\s*$")
+
+
+def run(command, prompts, timeout, prompt_idle, transcript):
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            close_fds=True)
+    os.close(slave)
+    compiled = [(re.compile(p["pattern"]), p["answer"]) for p in prompts]
+    pending = ""  # output since the last answered prompt
+    started = last_output = time.monotonic()
+    error = None
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        now = time.monotonic()
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the installer closed the terminal (it exited)
+                chunk = b""
+            if not chunk:
+                break
+            text = chunk.decode("utf-8", "replace").replace("\r\n", "\n")
+            transcript.append(text)
+            sys.stdout.write(text)
+            pending += text
+            last_output = now
+            for pattern, answer in compiled:
+                match = pattern.search(pending)
+                if match:
+                    os.write(master, (answer + "\n").encode())
+                    pending = pending[match.end():]
+                    break
+            pending = pending[-4096:]
+        elif proc.poll() is not None:
+            break
+        tail = pending.rsplit("\n", 1)[-1]
+        if now - last_output > prompt_idle and tail.strip() and QUESTION.search(tail):
+            error = "the installer waits for an answer to {!r} and no prompt pattern matches it".format(
+                tail.strip())
+        elif now - started > timeout:
+            error = "the installer did not finish within {}s".format(timeout)
+        if error:
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+    os.close(master)
+    rc = proc.wait()
+    return rc, error
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", required=True, help="JSON: prompts, expect, log, timeout, prompt_idle")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    spec = json.loads(args.spec)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command to run")
+
+    transcript = []
+    rc, error = run(command, spec.get("prompts", []), float(spec.get("timeout", 1800)),
+                    float(spec.get("prompt_idle", 20)), transcript)
+    output = "".join(transcript)
+    missing = [p for p in spec.get("expect", []) if not re.search(p, output)]
+    if error:
+        message, status = error, 2
+    elif rc != 0:
+        message, status = "the installer exited with status {}".format(rc), rc if rc > 0 else 1
+    elif missing:
+        message, status = "the installer exited 0 but did not print {}".format(
+            " and ".join(repr(p) for p in missing)), 3
+    else:
+        message, status = None, 0
+    if spec.get("log"):
+        os.makedirs(os.path.dirname(spec["log"]), mode=0o750, exist_ok=True)
+        fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as log:
+            log.write(output)
+            if message:
+                log.write("\n[answer_prompts] {}\n".format(message))
+    if message:
+        sys.stdout.write("\n[answer_prompts] {}\n".format(message))
+        sys.stderr.write(message + "\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
