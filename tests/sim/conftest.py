@@ -1,0 +1,12 @@
+"""Fixtures for the simulator tests."""
+
+from __future__ import annotations
+
+import pytest
+from sim.simtools import FAST
+
+
+@pytest.fixture
+def sim(start_sim):
+    """A fast simulator: 4096-token context, at most 2 images per prompt."""
+    return start_sim(*FAST, "--max-model-len", "4096", "--limit-mm-per-prompt", '{"image": 2}')

@@ -1,0 +1,65 @@
+"""Helpers for the simulator tests: requests, images, SSE and metrics parsing."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import requests
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+from support import SERVED_MODEL
+
+# Short thinking and answers, millisecond timing: each request takes well under a second.
+FAST = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--sim-itl-jitter", "0",
+        "--sim-think-tokens", "12", "--sim-answer-tokens", "10")
+
+
+def body(text: str = "Read the text in this picture.", images: int = 0, **extra) -> dict:
+    content = [{"type": "text", "text": text}] + [
+        {"type": "image_url", "image_url": {"url": png_uri()}} for _ in range(images)
+    ]
+    return {"model": SERVED_MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def png_uri(width: int = 64, height: int = 48) -> str:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), "white").save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def chat(server, payload, timeout: float = 10, **kw) -> requests.Response:
+    data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
+    return requests.post(server.url + "/v1/chat/completions", data=data, timeout=timeout,
+                         headers={"Content-Type": "application/json"}, **kw)
+
+
+def sse(response: requests.Response) -> list:
+    """The `data:` payloads of a stream: dicts, and the string "[DONE]"."""
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+        else:
+            assert line == "", f"unexpected SSE line {line!r}"
+    return events
+
+
+def content_of(events: list) -> str:
+    return "".join(e["choices"][0]["delta"].get("content", "") for e in events
+                   if isinstance(e, dict) and e["choices"])
+
+
+def metrics(server) -> dict:
+    """{(name, frozenset(labels)): value} for every vllm: sample."""
+    text = requests.get(server.url + "/metrics", timeout=5).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith("vllm:")}
+
+
+def metric(server, name: str, **labels) -> float:
+    labels = {"model_name": SERVED_MODEL, "engine": "0", **labels}
+    return metrics(server)[(name, frozenset(labels.items()))]
