@@ -1,0 +1,127 @@
+"""The service contract, checked on the request before it costs a card anything.
+
+The JSON body is parsed once. When nothing had to change, the caller's original bytes are forwarded;
+the only routine change (asking vLLM for usage on a stream) is spliced into the bytes, not re-serialised.
+Every rule can be relaxed in the config (contract.*); every message tells the caller what to change.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .config import Contract
+from .errors import ProxyError
+
+_WHITESPACE = b" \t\r\n"
+_USAGE_OPTION = b'"stream_options":{"include_usage":true},'
+
+
+class Call:
+    """What the proxy learned about one request: for routing, stream handling and the results log."""
+
+    __slots__ = ("body", "model", "orid", "stream", "strip_usage")
+
+    def __init__(self, body: bytes, model, orid, stream: bool, strip_usage: bool):
+        self.body = body
+        self.model = model
+        self.orid = orid
+        self.stream = stream
+        self.strip_usage = strip_usage
+
+
+def parse(body: bytes) -> dict:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProxyError(400, f"The request body is not valid JSON ({e}). Send a JSON object with "
+                              f"Content-Type: application/json.") from None
+    if not isinstance(payload, dict):
+        raise ProxyError(400, f"The request body must be a JSON object, got a JSON {type(payload).__name__}.")
+    return payload
+
+
+def check(body: bytes, payload: dict, rules: Contract, models: frozenset) -> Call:
+    """Apply the contract to one parsed request; raise ProxyError(400) or return the Call to forward."""
+    changed = False
+    model = payload.get("model")
+    if rules.model == "reject" and model not in models:
+        names = ", ".join(sorted(models))
+        if model is None:
+            raise ProxyError(400, f"`model` is required: set it to one of the served models: {names}.", "model")
+        raise ProxyError(400, f"The model `{model}` is not served here; set `model` to one of: {names}.", "model")
+
+    user = payload.get("user")
+    if user is not None and not isinstance(user, str):
+        if rules.user == "reject":
+            raise ProxyError(400, f"`user` must be a string, got {type(user).__name__} {json.dumps(user)}: send "
+                                  f"the orid as text, \"user\": str(orid), e.g. \"{user}\".", "user")
+        user = payload["user"] = str(user)
+        changed = True
+
+    if "enable_thinking" in payload:
+        if rules.enable_thinking == "reject":
+            raise ProxyError(400, "`enable_thinking` at the top level is ignored by vLLM (thinking stays on and "
+                                  "costs tokens): move it into chat_template_kwargs, e.g. "
+                                  "\"chat_template_kwargs\": {\"enable_thinking\": false}.", "enable_thinking")
+        value = payload.pop("enable_thinking")
+        kwargs = payload.get("chat_template_kwargs")
+        if kwargs is None:
+            kwargs = payload["chat_template_kwargs"] = {}
+        if isinstance(kwargs, dict):
+            kwargs.setdefault("enable_thinking", value)
+        changed = True
+
+    messages = payload.get("messages")
+    if isinstance(messages, list) and (rules.image_urls == "reject" or rules.max_images):
+        _check_images(messages, rules)
+
+    stream = payload.get("stream") is True
+    strip_usage = False
+    if stream:
+        options = payload.get("stream_options")
+        if options is None or (isinstance(options, dict) and options.get("include_usage") is not True):
+            # vLLM reports usage on a stream only when asked; ask, and strip it again for the caller.
+            strip_usage = True
+            if options is None and not changed:
+                body = _splice_usage_option(body)
+                if body is None:
+                    payload["stream_options"] = {"include_usage": True}
+                    changed = True
+            else:
+                payload["stream_options"] = {**(options or {}), "include_usage": True}
+                changed = True
+    if changed:
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return Call(body, model, user, stream, strip_usage)
+
+
+def _splice_usage_option(body: bytes) -> bytes | None:
+    """Insert stream_options as the object's first member; None if the bytes are not plain UTF-8 JSON."""
+    start = len(body) - len(body.lstrip(_WHITESPACE))
+    if body[start:start + 1] != b"{":
+        return None
+    return body[:start + 1] + _USAGE_OPTION + body[start + 1:]
+
+
+def _check_images(messages: list, rules: Contract):
+    count = 0
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or "image_url" not in part:
+                continue
+            count += 1
+            if rules.image_urls == "reject":
+                image = part["image_url"]
+                url = image.get("url") if isinstance(image, dict) else image
+                if isinstance(url, str) and url[:8].lower().startswith(("http://", "https://")):
+                    shown = url if len(url) <= 80 else url[:77] + "..."
+                    raise ProxyError(
+                        400, f"messages[{i}].content[{j}]: the image URL {shown} cannot be fetched, the serving "
+                             f"cluster is offline. Send the image inline as a data URI "
+                             f"(data:image/jpeg;base64,...).", f"messages[{i}].content[{j}].image_url")
+    if rules.max_images and count > rules.max_images:
+        raise ProxyError(400, f"The request carries {count} images; at most {rules.max_images} are allowed per "
+                              f"request. Send fewer images or split them over several requests.", "messages")

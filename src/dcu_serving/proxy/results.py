@@ -1,0 +1,100 @@
+"""The results log: one JSON line per API request, written by a thread so the event loop never blocks.
+
+Records carry no prompt text and no image data (see FIELDS). Lines are written whole with one write()
+on an O_APPEND descriptor; `reopen()` (on SIGHUP) switches to a fresh file after logrotate moved the old.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from datetime import datetime, timezone
+
+log = logging.getLogger("dcu_proxy")
+
+# The fields of a line, in order; docs/proxy.md describes each.
+FIELDS = ("time", "request_id", "orid", "model", "backend", "status", "finish_reason", "prompt_tokens",
+          "completion_tokens", "ttft_ms", "latency_ms", "queue_ms", "stream", "attempts", "error")
+
+_STOP = object()
+
+
+class _Reopen:
+    __slots__ = ("path",)
+
+    def __init__(self, path):
+        self.path = path
+
+
+def open_log(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+
+
+class ResultsLog:
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = open_log(path)  # fail at start, with the path, if it cannot be written
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="results-log", daemon=True)
+        self._thread.start()
+
+    def write(self, record: dict):
+        """Queue one record (a dict with FIELDS; `time` as a Unix timestamp)."""
+        self._queue.put(record)
+
+    def reopen(self, path: str | None = None):
+        self._queue.put(_Reopen(path or self.path))
+
+    def close(self):
+        """Write everything queued, then close."""
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _run(self):
+        q = self._queue
+        while True:
+            items = [q.get()]
+            while len(items) < 512:
+                try:
+                    items.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            lines = []
+            for item in items:
+                if isinstance(item, dict):
+                    lines.append(_line(item))
+                    continue
+                self._flush(lines)
+                lines = []
+                if item is _STOP:
+                    os.close(self._fd)
+                    return
+                self._switch(item.path)
+            self._flush(lines)
+
+    def _flush(self, lines: list):
+        if not lines:
+            return
+        data = "".join(lines).encode()
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError as e:
+            log.error("results log %s: write failed (%s); %d bytes lost", self.path, e.strerror, len(data))
+
+    def _switch(self, path: str):
+        try:
+            fd = open_log(path)
+        except OSError as e:
+            log.error("results log: cannot open %s (%s); still writing to %s", path, e.strerror, self.path)
+            return
+        os.close(self._fd)
+        self._fd, self.path = fd, path
+
+
+def _line(record: dict) -> str:
+    record["time"] = datetime.fromtimestamp(record["time"], timezone.utc).isoformat(timespec="milliseconds")
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"

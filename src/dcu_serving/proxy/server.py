@@ -1,0 +1,548 @@
+"""The proxy: aiohttp handlers, the relay to the backends, lifecycle and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+import uuid
+from typing import Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import contract
+from .balancer import Backend, Balancer, no_backend
+from .config import Config, ConfigError
+from .errors import ProxyError, envelope_bytes, sse_error
+from .metrics import Metrics
+from .results import ResultsLog
+from .upstream import ConnectFailed, ConnectionBroken, DeadlineExceeded
+
+log = logging.getLogger("dcu_proxy")
+
+API_PATHS = ("/v1/chat/completions", "/v1/completions")
+SELF = "dcu-proxy"  # the X-Backend value of responses the proxy makes itself
+
+# Request headers not forwarded: hop-by-hop ones, and those the upstream client writes itself.
+_DROP_REQUEST = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+    b"host", b"content-length", b"expect", b"accept-encoding",
+})
+# Response headers not passed back: hop-by-hop ones, and those the proxy sets.
+_DROP_RESPONSE = frozenset({
+    b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"x-request-id", b"x-backend",
+})
+_MAX_REQUEST_ID = 128
+_PARTIAL_EVENT_LIMIT = 1 << 20  # an SSE event larger than this is passed on unframed
+
+
+def _has_value(block: bytes, key: bytes) -> bool:
+    """True if `key` (e.g. b'"usage":') occurs in the JSON text with a value other than null."""
+    i = block.find(key)
+    while i >= 0:
+        j = i + len(key)
+        while block[j:j + 1] == b" ":
+            j += 1
+        if block[j:j + 1] != b"n":
+            return True
+        i = block.find(key, j)
+    return False
+
+
+class Proxy:
+    def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None):
+        self.settings = config
+        self.models = frozenset(config.models)
+        self._reload_config = reload_config
+        self.balancer: Balancer | None = None
+        self.results: ResultsLog | None = None
+        self.metrics = Metrics(self)
+        self._health_task = None
+        self._checks: set = set()  # health checks of backends added by a reload
+        self._started = time.time()
+
+    # -- lifecycle --
+
+    async def start(self):
+        s = self.settings
+        if s.results_log:
+            try:
+                self.results = ResultsLog(s.results_log)
+            except OSError as e:
+                raise ConfigError("results_log", f"cannot open {s.results_log}: {e.strerror}") from e
+        self.balancer = Balancer(s.backends, s.backend_concurrency, s.queue_size, s.connect_timeout,
+                                 s.retry_after)
+        await self.balancer.check_all(s.health_path, s.health_timeout)
+        self._health_task = asyncio.ensure_future(self._health_loop())
+        log.info("backends: %d/%d healthy", self.balancer.healthy_count, len(self.balancer.backends))
+
+    async def _health_loop(self):
+        """Check every backend every health.interval seconds, at a fixed rate."""
+        loop = asyncio.get_running_loop()
+        next_round = loop.time()
+        while True:
+            next_round = max(next_round + self.settings.health_interval, loop.time())
+            await asyncio.sleep(next_round - loop.time())
+            s = self.settings
+            await self.balancer.check_all(s.health_path, s.health_timeout)
+
+    async def close(self):
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self.balancer is not None:
+            self.balancer.close()
+        if self.results is not None:
+            self.results.close()
+
+    def reload(self):
+        """SIGHUP: re-read the configuration and apply it; in-flight requests are not touched."""
+        if self.results is not None:
+            self.results.reopen()
+        if self._reload_config is None:
+            return
+        try:
+            new = self._reload_config()
+        except ConfigError as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+            return
+        old = self.settings
+        for key in ("listen", "admin_listen", "admin_token", "shutdown_grace"):
+            if getattr(new, key) != getattr(old, key):
+                log.warning("reload: %s changed; it takes effect only after a restart", key.replace("_", "."))
+        if new.results_log != old.results_log:
+            if self.results is not None and new.results_log:
+                self.results.reopen(new.results_log)
+            elif new.results_log:
+                try:
+                    self.results = ResultsLog(new.results_log)
+                except OSError as e:
+                    log.error("reload: cannot open results_log %s: %s", new.results_log, e.strerror)
+            else:
+                self.results, closing = None, self.results
+                closing.close()
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.settings = new
+        self.models = frozenset(new.models)
+        added = self.balancer.update(new.backends, new.backend_concurrency, new.queue_size,
+                                     new.connect_timeout, new.retry_after)
+        for b in added:
+            task = asyncio.ensure_future(self.balancer.check(b, new.health_path, new.health_timeout))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+        log.info("reloaded %s: %d backends, cap %d, queue %d", new.source or "configuration",
+                 len(new.backends), new.backend_concurrency, new.queue_size)
+
+    # -- the API: contract, routing, relay --
+
+    async def handle_api(self, request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rid = request.headers.get("X-Request-Id")
+        generated = not rid or len(rid) > _MAX_REQUEST_ID
+        if generated:
+            rid = uuid.uuid4().hex
+        rec = {"time": 0.0, "request_id": rid, "orid": None, "model": None, "backend": None, "status": 0,
+               "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
+               "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
+        try:
+            return await self._proxy(request, rid, generated, rec, t0)
+        except ProxyError as e:
+            rec["status"] = e.status
+            rec["error"] = e.message
+            return self.error_response(e, rid, rec["backend"] or SELF)
+        except asyncio.CancelledError:
+            rec["status"] = 499
+            rec["error"] = "the client closed the connection"
+            raise
+        except Exception as e:  # a bug: answer in the envelope and keep the trace in the journal
+            log.exception("request %s failed", rid)
+            rec["status"] = 500
+            rec["error"] = f"internal proxy error: {type(e).__name__}"
+            return self.error_response(ProxyError(500, rec["error"]), rid, rec["backend"] or SELF)
+        finally:
+            latency = loop.time() - t0
+            rec["time"] = time.time()
+            rec["latency_ms"] = round(latency * 1000, 1)
+            if self.results is not None:
+                self.results.write(rec)
+            ttft = rec["ttft_ms"]
+            queue_ms = rec["queue_ms"]
+            self.metrics.observe(rec["status"], latency, None if ttft is None else ttft / 1000,
+                                 None if queue_ms is None else queue_ms / 1000)
+
+    async def _proxy(self, request: web.Request, rid: str, generated: bool, rec: dict, t0: float):
+        s = self.settings
+        if request.content_type != "application/json":
+            raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
+                                  f"send the request body as JSON.")
+        body = await self._read_body(request, s.max_body_bytes)
+        payload = contract.parse(body)
+        user = payload.get("user")
+        rec["orid"] = None if user is None else str(user)
+        model = payload.get("model")
+        rec["model"] = model if isinstance(model, str) else None
+        rec["stream"] = payload.get("stream") is True
+        call = contract.check(body, payload, s.contract, self.models)
+
+        headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
+                           if name.lower() not in _DROP_REQUEST)
+        if generated:
+            headers += b"X-Request-Id: %s\r\n" % rid.encode()
+        path = request.path.encode()
+        deadline = t0 + s.request_timeout
+        balancer = self.balancer
+        loop = asyncio.get_running_loop()
+        first_failure = None
+        while True:
+            try:
+                backend = await balancer.acquire(deadline, front=first_failure is not None)
+            except DeadlineExceeded:
+                raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
+                                      f"request waited in the proxy's queue). Retry later.") from None
+            if rec["queue_ms"] is None:
+                rec["queue_ms"] = round((loop.time() - t0) * 1000, 1)
+            rec["attempts"] += 1
+            rec["backend"] = backend.name
+            sent = False
+            try:
+                try:
+                    conn = await backend.pool.request(
+                        backend.pool.build_head(b"POST", path, headers, len(call.body)), call.body, deadline)
+                except ConnectFailed as e:
+                    balancer.eject(backend, str(e))
+                    if first_failure is None:  # never reached the backend: once more, elsewhere
+                        first_failure = str(e)
+                        self.metrics.retries.inc()
+                        continue
+                    raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
+                                          f"ejected; safe to retry.") from None
+                sent = True
+                return await self._relay(request, conn, backend, call, rec, rid, t0)
+            except ConnectionBroken as e:
+                sent = True
+                balancer.eject(backend, str(e))
+                raise ProxyError(502, f"The backend {backend.name} failed before the answer was complete "
+                                      f"({e}); it is ejected. Safe to retry.") from None
+            except DeadlineExceeded:
+                sent = True
+                raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
+                                      f"deadline. Lower max_tokens or turn off thinking.") from None
+            finally:
+                balancer.release(backend, served=sent)
+
+    async def _read_body(self, request: web.Request, limit: int) -> bytes:
+        too_large = ProxyError(413, f"The request body is larger than the proxy's limit of {limit} bytes: "
+                                    f"send smaller or fewer images.")
+        length = request.content_length
+        if length is not None:
+            if length > limit:
+                raise too_large
+            return await request.read()
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    def _response_headers(self, raw, backend: Backend, rid: str) -> CIMultiDict:
+        headers = CIMultiDict()
+        for name, value in raw:
+            if name.lower() not in _DROP_RESPONSE:
+                headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        headers["X-Backend"] = backend.name
+        headers["X-Request-Id"] = rid
+        return headers
+
+    async def _relay(self, request, conn, backend: Backend, call, rec: dict, rid: str, t0: float):
+        status = conn.status
+        headers = self._response_headers(conn.headers, backend, rid)
+        if not (call.stream and status == 200):
+            try:
+                body = await conn.read()
+            finally:
+                conn.release()
+            rec["status"] = status
+            _note_answer(body, status, rec)
+            return web.Response(body=body, status=status, headers=headers)
+
+        response = web.StreamResponse(status=status, headers=headers)
+        loop = asyncio.get_running_loop()
+        released = False
+        try:
+            await response.prepare(request)
+            pending = b""
+            while True:
+                chunk = await conn.next_chunk()
+                if chunk is None:
+                    break
+                if rec["ttft_ms"] is None:
+                    rec["ttft_ms"] = round((loop.time() - t0) * 1000, 1)
+                data = pending + chunk if pending else chunk
+                end = data.rfind(b"\n\n")
+                if end < 0 and len(data) < _PARTIAL_EVENT_LIMIT:
+                    pending = data
+                    continue
+                if end < 0:
+                    events, pending = data, b""
+                else:
+                    events, pending = data[:end + 2], data[end + 2:]
+                events = _scan_events(events, call.strip_usage, rec)
+                if events:
+                    await response.write(events)
+            if pending:
+                await response.write(pending)
+            conn.release()
+            released = True
+            rec["status"] = status
+            await response.write_eof()
+        except (ConnectionBroken, DeadlineExceeded) as e:
+            # Headers are out: the stream ends the way vLLM ends a failed one, an error event and [DONE].
+            if isinstance(e, ConnectionBroken):
+                self.balancer.eject(backend, str(e))
+                rec["status"] = 502
+                rec["error"] = f"the backend {backend.name} failed mid-stream ({e}); it is ejected. Safe to retry."
+            else:
+                rec["status"] = 504
+                rec["error"] = (f"The request took longer than the proxy's {self.settings.request_timeout:g} s "
+                                f"deadline. Lower max_tokens or turn off thinking.")
+            try:
+                await response.write(sse_error(rec["status"], rec["error"]))
+                await response.write_eof()
+            except ConnectionError:
+                pass
+        except ConnectionError:  # the caller went away while we wrote: stop the generation too
+            rec["status"] = 499
+            rec["error"] = "the client closed the connection"
+        finally:
+            if not released:
+                conn.abort()
+        return response
+
+    def error_response(self, e: ProxyError, rid: str, backend_name: str = SELF) -> web.Response:
+        headers = {"Content-Type": "application/json", "X-Backend": backend_name, "X-Request-Id": rid}
+        if e.headers:
+            headers.update(e.headers)
+        return web.Response(body=envelope_bytes(e.status, e.message, e.param), status=e.status, headers=headers)
+
+    # -- the proxy's own endpoints --
+
+    def _own_headers(self, request) -> dict:
+        return {"X-Backend": SELF, "X-Request-Id": request.headers.get("X-Request-Id") or uuid.uuid4().hex}
+
+    async def handle_health(self, request):
+        routable = sum(1 for b in self.balancer.backends if b.healthy and not b.draining)
+        if routable:
+            return web.Response(status=200, headers=self._own_headers(request))
+        return self.error_response(no_backend(self.settings.retry_after),
+                                   self._own_headers(request)["X-Request-Id"])
+
+    async def handle_models(self, request):
+        cards = []
+        for name in self.settings.models:
+            card = {"id": name, "object": "model", "created": int(self._started), "owned_by": "dcu-serving",
+                    "root": name, "parent": None}
+            if self.settings.max_model_len:
+                card["max_model_len"] = self.settings.max_model_len
+            cards.append(card)
+        return web.json_response({"object": "list", "data": cards}, headers=self._own_headers(request))
+
+    async def handle_lb_status(self, request):
+        backends = self.balancer.backends
+        return web.json_response(
+            {"healthy": sum(1 for b in backends if b.healthy), "total": len(backends),
+             "queue": self.balancer.queued, "backends": [b.status() for b in backends]},
+            headers=self._own_headers(request))
+
+    async def handle_metrics(self, request):
+        headers = self._own_headers(request)
+        headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return web.Response(body=generate_latest(self.metrics.registry), headers=headers)
+
+    async def handle_not_found(self, request):
+        known = ", ".join(["POST " + p for p in API_PATHS] + ["GET /v1/models", "GET /health",
+                                                               "GET /__lb_status", "GET /metrics"])
+        status = 405 if request.path in API_PATHS else 404
+        what = "method not allowed on" if status == 405 else "no such endpoint:"
+        return self.error_response(ProxyError(status, f"{what} {request.method} {request.path}; "
+                                                      f"this proxy serves {known}."),
+                                   self._own_headers(request)["X-Request-Id"])
+
+    # -- admin: drain and undrain --
+
+    def _authorised(self, request) -> bool:
+        token = self.settings.admin_token
+        return token is None or request.headers.get("Authorization") == f"Bearer {token}"
+
+    def _admin_view(self, b: Backend) -> dict:
+        return {**b.status(), "draining": b.draining}
+
+    async def handle_admin_backends(self, request):
+        if not self._authorised(request):
+            return self._unauthorised(request)
+        return web.json_response({"backends": [self._admin_view(b) for b in self.balancer.backends]},
+                                 headers=self._own_headers(request))
+
+    async def handle_admin_drain(self, request):
+        if not self._authorised(request):
+            return self._unauthorised(request)
+        rid = self._own_headers(request)["X-Request-Id"]
+        try:
+            ref = (await request.json())["backend"]
+            if not isinstance(ref, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return self.error_response(ProxyError(400, "Send a JSON body {\"backend\": \"http://HOST:PORT\"} "
+                                                       "(the URL or host:port of a backend).", "backend"), rid)
+        backend = self.balancer.find(ref)
+        if backend is None:
+            known = ", ".join(b.url for b in self.balancer.backends)
+            return self.error_response(ProxyError(404, f"No backend {ref!r}; known backends: {known}.",
+                                                  "backend"), rid)
+        self.balancer.set_draining(backend, request.path.endswith("/drain"))
+        return web.json_response(self._admin_view(backend), headers=self._own_headers(request))
+
+    def _unauthorised(self, request):
+        response = self.error_response(ProxyError(401, "The admin API needs 'Authorization: Bearer <token>' "
+                                                       "with the admin.token from the proxy's configuration."),
+                                       self._own_headers(request)["X-Request-Id"])
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    # -- applications --
+
+    def admin_routes(self) -> list:
+        return [web.get("/__admin/backends", self.handle_admin_backends),
+                web.post("/__admin/drain", self.handle_admin_drain),
+                web.post("/__admin/undrain", self.handle_admin_drain)]
+
+    def make_app(self) -> web.Application:
+        # Bodies are limited by _read_body (max_body_bytes can change on reload); this is only a backstop.
+        app = web.Application(client_max_size=1 << 40)
+        app.add_routes([web.post(p, self.handle_api) for p in API_PATHS])
+        app.add_routes([web.get("/health", self.handle_health), web.get("/v1/models", self.handle_models),
+                        web.get("/__lb_status", self.handle_lb_status), web.get("/metrics", self.handle_metrics)])
+        if self.settings.admin_token:  # with a token the admin API is reachable on the main listener too
+            app.add_routes(self.admin_routes())
+        app.router.add_route("*", "/{tail:.*}", self.handle_not_found)
+        return app
+
+    def make_admin_app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes(self.admin_routes())
+        app.add_routes([web.get("/__lb_status", self.handle_lb_status)])
+        app.router.add_route("*", "/{tail:.*}", self.handle_not_found)
+        return app
+
+
+def _note_answer(body: bytes, status: int, rec: dict):
+    """finish_reason and token counts of a whole answer, or the error message of a failed one."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        if status != 200:
+            rec["error"] = body[:300].decode("utf-8", "replace")
+        return
+    if not isinstance(answer, dict):
+        return
+    if status == 200:
+        choices = answer.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            rec["finish_reason"] = choices[0].get("finish_reason")
+        _note_usage(answer.get("usage"), rec)
+    else:
+        rec["error"] = _error_message(answer)
+
+
+def _error_message(answer: dict):
+    error = answer.get("error")
+    if isinstance(error, dict):
+        return error.get("message")
+    return answer.get("message") or (error if isinstance(error, str) else None)
+
+
+def _note_usage(usage, rec: dict):
+    if isinstance(usage, dict):
+        rec["prompt_tokens"] = usage.get("prompt_tokens")
+        rec["completion_tokens"] = usage.get("completion_tokens")
+
+
+def _scan_events(block: bytes, strip_usage: bool, rec: dict) -> bytes:
+    """Note finish_reason, usage and errors from complete SSE events; drop the usage event if the caller
+    did not ask for it. Most chunks carry none of these and pass through untouched."""
+    if not (_has_value(block, b'"finish_reason":') or _has_value(block, b'"usage":') or b'"error"' in block):
+        return block
+    kept = []
+    for event in block.split(b"\n\n"):
+        if not event:
+            continue
+        start = event.find(b"{")
+        if start >= 0 and (b'"finish_reason"' in event or b'"usage"' in event or b'"error"' in event):
+            try:
+                obj = json.loads(event[start:])
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                choices = obj.get("choices")
+                if isinstance(choices, list):
+                    for choice in choices:
+                        if isinstance(choice, dict) and choice.get("finish_reason"):
+                            rec["finish_reason"] = choice["finish_reason"]
+                usage = obj.get("usage")
+                _note_usage(usage, rec)
+                if "error" in obj and isinstance(obj["error"], (dict, str)):
+                    rec["error"] = _error_message(obj)
+                if strip_usage and usage and choices == []:
+                    continue
+        kept.append(event)
+        kept.append(b"\n\n")
+    return b"".join(kept)
+
+
+# -- running it --
+
+async def serve(config: Config, reload_config: Callable[[], Config] | None = None,
+                ready: Callable[[], None] | None = None):
+    """Run until SIGTERM/SIGINT; SIGHUP reloads. Returns after a graceful drain."""
+    proxy = Proxy(config, reload_config)
+    await proxy.start()
+    loop = asyncio.get_running_loop()
+    runners = []
+    try:
+        runner = web.AppRunner(proxy.make_app(), access_log=None, handler_cancellation=True,
+                               shutdown_timeout=config.shutdown_grace)
+        await runner.setup()
+        runners.append(runner)
+        host, port = config.listen_addr
+        await web.TCPSite(runner, host, port, backlog=2048).start()
+        if config.admin_addr:
+            admin = web.AppRunner(proxy.make_admin_app(), access_log=None, shutdown_timeout=5)
+            await admin.setup()
+            runners.append(admin)
+            await web.TCPSite(admin, *config.admin_addr).start()
+        log.info("dcu-proxy listening on %s (admin %s), %d backends", config.listen,
+                 config.admin_listen or "off", len(config.backends))
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, proxy.reload)
+        if ready is not None:
+            ready()
+        await stop.wait()
+        in_flight = sum(b.active for b in proxy.balancer.backends) + proxy.balancer.queued
+        log.info("stopping: no new connections; %d requests in flight get up to %g s", in_flight,
+                 config.shutdown_grace)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await proxy.close()
+    log.info("stopped")
