@@ -29,10 +29,10 @@ def png_uri(width: int = 64, height: int = 48) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def chat(server, payload, timeout: float = 10, **kw) -> requests.Response:
+def chat(server, payload, timeout: float = 10, headers: dict | None = None, **kw) -> requests.Response:
     data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
     return requests.post(server.url + "/v1/chat/completions", data=data, timeout=timeout,
-                         headers={"Content-Type": "application/json"}, **kw)
+                         headers={"Content-Type": "application/json", **(headers or {})}, **kw)
 
 
 def sse(response: requests.Response) -> list:

@@ -141,6 +141,11 @@ def test_response_shape_and_usage(sim):
     assert usage["completion_tokens"] > 10
 
 
+def test_request_id_follows_x_request_id(sim):
+    reply = chat(sim, body(max_tokens=1), headers={"X-Request-Id": "orid-42"})
+    assert reply.json()["id"] == "chatcmpl-orid-42"
+
+
 def test_output_is_deterministic_per_request(sim):
     first = answer(sim)["choices"][0]["message"]["content"]
     assert answer(sim)["choices"][0]["message"]["content"] == first

@@ -7,6 +7,7 @@ import json
 import socket
 
 import aiohttp
+import requests
 from sim.simtools import FAST, body, metric
 from support import wait_until
 
@@ -84,3 +85,16 @@ def test_disconnect_while_queued_leaves_the_queue(start_sim):
         wait_until(lambda: gauges(server) == (1, 0), 5, what="queue empty after the waiting client left")
     wait_until(lambda: gauges(server) == (0, 0), 5, what="slot free after the running client left")
     assert metric(server, "vllm:request_success_total", finished_reason="abort") == 2
+
+
+async def test_load_endpoint_counts_requests_in_flight(start_sim):
+    server = start_sim(*SLOW, "--enable-server-load-tracking")
+    load = lambda: requests.get(server.url + "/load", timeout=5).json()["server_load"]  # noqa: E731
+    assert load() == 0
+    async with aiohttp.ClientSession() as session:
+        pending = [asyncio.create_task(session.post(server.url + "/v1/chat/completions", json=body()))
+                   for _ in range(3)]
+        await asyncio.to_thread(wait_until, lambda: load() == 3, 5, what="3 requests in flight")
+        for response in await asyncio.gather(*pending):
+            assert response.status == 200
+    assert load() == 0
