@@ -113,10 +113,13 @@ async def post_fault(request: web.Request) -> web.Response:
         return _json(error_body(str(e), "BadRequestError", 400), 400)
     faults = request.app[faults_key]
     faults.set(fault)
-    log.warning("fault injected: %s", fault.kind)
+    log.warning("fault injected: %s %s", fault.kind, fault.params)
+    response = _json({"faults": faults.describe()})
     if fault.kind == "crash":
+        await response.prepare(request)
+        await response.write_eof()  # the caller gets its answer before the process goes
         schedule_crash(fault)
-    return _json({"faults": faults.describe()})
+    return response
 
 
 async def delete_fault(request: web.Request) -> web.Response:
