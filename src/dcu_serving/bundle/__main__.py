@@ -1,0 +1,5 @@
+import sys
+
+from dcu_serving.bundle.cli import main
+
+sys.exit(main())
