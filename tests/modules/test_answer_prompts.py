@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 ANSWERER = REPO / "roles" / "dcu_driver" / "files" / "answer_prompts.py"

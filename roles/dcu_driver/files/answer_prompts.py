@@ -64,10 +64,9 @@ def run(command, prompts, timeout, prompt_idle, transcript):
             break
         tail = pending.rsplit("\n", 1)[-1]
         if now - last_output > prompt_idle and tail.strip() and QUESTION.search(tail):
-            error = "the installer waits for an answer to {!r} and no prompt pattern matches it".format(
-                tail.strip())
+            error = f"the installer waits for an answer to {tail.strip()!r} and no prompt pattern matches it"
         elif now - started > timeout:
-            error = "the installer did not finish within {}s".format(timeout)
+            error = f"the installer did not finish within {timeout}s"
         if error:
             os.killpg(proc.pid, signal.SIGTERM)
             break
@@ -94,7 +93,7 @@ def main():
     if error:
         message, status = error, 2
     elif rc != 0:
-        message, status = "the installer exited with status {}".format(rc), rc if rc > 0 else 1
+        message, status = f"the installer exited with status {rc}", rc if rc > 0 else 1
     elif missing:
         message, status = "the installer exited 0 but did not print {}".format(
             " and ".join(repr(p) for p in missing)), 3
@@ -106,9 +105,9 @@ def main():
         with os.fdopen(fd, "w") as log:
             log.write(output)
             if message:
-                log.write("\n[answer_prompts] {}\n".format(message))
+                log.write(f"\n[answer_prompts] {message}\n")
     if message:
-        sys.stdout.write("\n[answer_prompts] {}\n".format(message))
+        sys.stdout.write(f"\n[answer_prompts] {message}\n")
         sys.stderr.write(message + "\n")
     return status
 

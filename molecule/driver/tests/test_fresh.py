@@ -1,0 +1,55 @@
+"""The fresh node was never converged: check mode, a corrupted bundle and a missing prerequisite.
+
+Each case must stop before touching the host, so the node stays fresh for the next one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+testinfra_hosts = ["fresh"]
+INSTALLER = "driver/rock-6.3.30-V1.4.1a.run"
+
+
+def _untouched(host):
+    assert not host.package("rock").is_installed
+    assert not host.file("/opt/dtk").exists
+    assert not host.file("/var/lib/dcu-serving/bundle").exists
+    assert not host.file("/etc/udev/rules.d/70-dcu.rules").exists
+
+
+def test_check_mode_reports_changes_and_makes_none(host, run_drivers, recap):
+    rc, out = run_drivers("fresh", "--check", "--diff")
+    assert rc == 0, out[-3000:]
+    assert recap(out, "fresh")["changed"] > 0
+    assert "Would run driver/rock-6.3.30-V1.4.1a.run to install rock 6.3.30-V1.4.1a" in out
+    assert '+KERNEL=="kfd", GROUP="video", MODE="0660"' in out  # --diff shows the udev rules
+    _untouched(host)
+
+
+def test_corrupted_installer_fails_with_file_expected_and_actual(host, run_drivers, bundle_dir, bundle_index,
+                                                                tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, bundle, ignore=shutil.ignore_patterns("images", "wheels", "collections"))
+    installer = bundle / INSTALLER
+    data = bytearray(installer.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    installer.write_bytes(bytes(data))
+    expected = next(a["sha256"] for a in bundle_index["artifacts"] if a["file"] == INSTALLER)
+    actual = hashlib.sha256(data).hexdigest()
+
+    rc, out = run_drivers("fresh", extra_vars={"dcu_bundle_dir": str(bundle)})
+    assert rc != 0
+    assert f"checksum mismatch for {INSTALLER}: expected sha256 {expected}, actual {actual}" in out
+    _untouched(host)
+
+
+def test_missing_prerequisites_are_listed_by_package(host, run_drivers):
+    kernel = host.check_output("uname -r")
+    host.run_expect([0], "dpkg --remove --force-depends cmake")
+    host.run_expect([0], f"mv /lib/modules/{kernel}/build/Makefile /lib/modules/{kernel}/build/Makefile.away")
+    rc, out = run_drivers("fresh")
+    assert rc != 0
+    assert f"The rock driver build needs packages this host lacks: cmake linux-headers-{kernel}." in out
+    _untouched(host)

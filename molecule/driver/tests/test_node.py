@@ -1,0 +1,103 @@
+"""The 8-card node after converge + idempotence: the whole host layer, from an offline bundle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+testinfra_hosts = ["node"]
+CARDS = 8
+DRIVER_VERSION = "6.3.30-V1.4.1a"
+SYSFS = "/run/dcu-emu/sys"
+
+
+def test_driver_package_and_module(host):
+    assert host.package("rock").is_installed
+    assert host.package("rock").version == DRIVER_VERSION
+    assert host.file(f"{SYSFS}/module/hycu/version").content_string.strip() == DRIVER_VERSION
+    assert host.file("/etc/modules-load.d/dcu.conf").content_string.splitlines()[-1] == "hycu"
+
+
+def test_installer_prompts_answered_and_success_logged(host):
+    log = host.file(f"/var/log/dcu-serving/rock-install-{DRIVER_VERSION}.log")
+    assert (log.user, log.mode) == ("root", 0o600)
+    text = log.content_string
+    assert "Update vbios? [y/N]: n" in text  # K100_AI cards: asked, answered no (dcu_driver_update_vbios)
+    assert "legacy hymgr config" not in text  # no legacy config on this node: not asked
+    assert "HCU online 8, total num 8" in text and "Install successful. Enjoy now!" in text
+
+
+def test_hymgr_running_and_hy_smi_answers(host):
+    hymgr = host.service("hymgr")
+    assert hymgr.is_running and hymgr.is_enabled
+    table = host.check_output("/opt/hyhal/bin/hy-smi")
+    rows = [line.split()[0] for line in table.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert rows == [str(i) for i in range(CARDS)]
+    assert f"Driver Version: {DRIVER_VERSION}" in host.check_output("/opt/hyhal/bin/hy-smi --showdriverversion")
+
+
+def test_dtk_link_environment_and_linker_path(host):
+    assert host.file("/opt/dtk").is_symlink
+    assert host.file("/opt/dtk").linked_to == "/opt/dtk-26.04"
+    assert host.file("/opt/dtk/.info/rocm_version").content_string.strip() == "26.04"
+    env = host.check_output("bash -lc 'echo $ROCM_PATH $HIP_PATH; command -v hipcc'").split()
+    assert env == ["/opt/dtk", "/opt/dtk/hip", "/opt/dtk/bin/hipcc"]
+    assert "/opt/dtk/lib" in host.file("/etc/ld.so.conf.d/dtk.conf").content_string.splitlines()
+    assert "/opt/dtk/lib:" in host.check_output("ldconfig -vN 2>/dev/null")
+    # The ldconfig handler ran after the entry was written.
+    assert host.file("/etc/ld.so.cache").mtime >= host.file("/etc/ld.so.conf.d/dtk.conf").mtime
+
+
+@pytest.mark.parametrize("user", ["dcu-serving", "dcu-batch"])
+def test_service_users_in_the_device_group(host, user):
+    account = host.user(user)
+    assert account.exists and "video" in account.groups
+    assert account.shell == "/usr/sbin/nologin"
+    assert host.file("/dev/kfd").group == "video"
+
+
+def test_udev_rules(host):
+    rules = host.file("/etc/udev/rules.d/70-dcu.rules").content_string
+    assert 'KERNEL=="kfd", GROUP="video", MODE="0660"' in rules
+    assert 'KERNEL=="renderD*", ATTRS{vendor}=="0x1d94", GROUP="video", MODE="0660"' in rules
+
+
+def test_dcu_facts_reports_the_cards_with_numa_nodes(host, dcu_module):
+    result = dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=SYSFS)
+    facts = result["ansible_facts"]["dcu"]
+    assert facts["source"] == "hy-smi --json"
+    assert facts["card_count"] == CARDS
+    assert [c["numa_node"] for c in facts["cards"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [c["render_node"] for c in facts["cards"]] == [f"/dev/dri/renderD{128 + i}" for i in range(CARDS)]
+    assert [c["card_node"] for c in facts["cards"]] == [f"/dev/dri/card{1 + i}" for i in range(CARDS)]
+    assert facts["cards"][4]["pci_bus"] == "0000:83:00.0"
+    assert {c["series"] for c in facts["cards"]} == {"K100_AI"}
+    assert facts["driver"] == {"loaded": True, "module": "hycu", "version": DRIVER_VERSION}
+    assert facts["dtk"]["version"] == "26.04"
+    assert facts["hyhal"]["path"] == "/opt/hyhal"
+
+
+def test_device_access_passes_for_the_service_user(host, dcu_module):
+    result = dcu_module(host, "dcu.serving.dcu_device_access", user="dcu-serving", sysfs_root=SYSFS,
+                    expected_cards=CARDS)
+    assert not result.get("failed"), result.get("msg")
+    assert len(result["nodes"]) == 2 + CARDS
+    assert {n["result"] for n in result["nodes"]} == {"ok"}
+    assert {(n["group"], n["mode"]) for n in result["nodes"]} == {("video", "0660")}
+
+
+def test_device_access_fails_for_an_outsider_with_the_fix(host, dcu_module):
+    result = dcu_module(host, "dcu.serving.dcu_device_access", user="nobody", sysfs_root=SYSFS)
+    assert result.get("failed") is True
+    assert "user nobody is not in group video" in result["msg"]
+    assert "usermod -aG video nobody" in result["msg"]
+    assert {n["result"] for n in result["nodes"]} == {"permission denied"}
+
+
+def test_staged_artifacts_are_cached_by_path_size_mtime(host, bundle_index):
+    cache = json.loads(host.file("/var/cache/dcu-serving/sha256-cache.json").content_string)
+    for artifact in bundle_index["artifacts"]:
+        if artifact["kind"] in ("driver", "dtk"):
+            entry = cache[f"/var/lib/dcu-serving/bundle/{artifact['file']}"]
+            assert entry["sha256"] == artifact["sha256"] and entry["size"] == artifact["size"]
