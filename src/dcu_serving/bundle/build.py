@@ -253,6 +253,7 @@ class Builder:
                 "constraints_sha256": hashlib.sha256(Path(spec.constraints).read_bytes()).hexdigest()
                 if spec.constraints else None,
                 "local": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local},
+                "no_deps": spec.no_deps,
             }
             prev = [a for a in self.previous.values() if a.kind == "wheel"]
             if prev and all(a.extra.get("resolved_by") == request and self._verified(a.file, a.sha256) for a in prev):
@@ -267,6 +268,8 @@ class Builder:
                 cmd += ["--platform", platform]
             if spec.constraints:
                 cmd += ["--constraint", spec.constraints]
+            if spec.no_deps:
+                cmd.append("--no-deps")
             cmd += [*spec.requirements, *map(str, local)]
             self.progress.say(f"wheels: pip download for cp{spec.python_version.replace('.', '')} "
                               f"{', '.join(spec.platforms)} ({len(spec.requirements) + len(local)} requirement(s))")

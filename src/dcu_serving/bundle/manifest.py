@@ -6,7 +6,7 @@ Schema (docs/bundle.md):
     files:        [{name, kind: driver|dtk|hyhal, version, src: PATH|URL, sha256, file?}]
     images:       [{name, ref, version?, config_digest?, optional?}]
     wheels:       {python_version, platforms: [...], implementation?, abi?, requirements: [...],
-                   local_projects?: [...], constraints?}
+                   local_projects?: [...], constraints?, no_deps?}
     collection:   {path}                      # this collection, built with ansible-galaxy
     collections:  [namespace.name, ...]       # from the installed `ansible` package, with dependencies
 """
@@ -61,6 +61,7 @@ class WheelSpec:
     abi: str | None = None
     local_projects: list[str] = field(default_factory=list)
     constraints: str | None = None
+    no_deps: bool = False
 
 
 @dataclass
@@ -187,7 +188,8 @@ def parse(data: dict) -> Manifest:
                 abi = _text(wheels, "abi", where, errors, required=False) or f"{impl}{pyver.replace('.', '')}"
                 m.wheels = WheelSpec(pyver, [str(p) for p in platforms], [str(r) for r in reqs], impl, abi,
                                      [str(p) for p in local],
-                                     _text(wheels, "constraints", where, errors, required=False))
+                                     _text(wheels, "constraints", where, errors, required=False),
+                                     bool(wheels.get("no_deps", False)))
 
     coll = data.get("collection")
     if coll is not None:

@@ -1,0 +1,138 @@
+"""The offline bundle end to end from local sources: build, verify, damage, rebuild."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dcu_serving.bundle import cli
+from dcu_serving.bundle.build import BuildError, expand_platforms
+from dcu_serving.bundle.checksum import ChecksumCache
+from dcu_serving.bundle.manifest import ManifestError, parse
+from dcu_serving.bundle.verify import verify
+
+pytestmark = pytest.mark.docker
+
+
+def index(bundle):
+    return json.loads((bundle / "index.json").read_text())
+
+
+def test_build_holds_every_kind_with_sums_and_image_identity(build, manifest, tmp_path, tiny_image):
+    build(manifest)
+    bundle = tmp_path / "bundle"
+    doc = index(bundle)
+    assert doc["format"] == 1
+    by_kind = {}
+    for a in doc["artifacts"]:
+        by_kind.setdefault(a["kind"], []).append(a)
+        assert (bundle / a["file"]).stat().st_size == a["size"]
+    assert [a["file"] for a in by_kind["driver"]] == ["driver/rock-6.3.30-V1.4.1a.run"]
+    assert [a["file"] for a in by_kind["dtk"]] == ["dtk/DTK-26.04-Debian12-x86_64.tar.gz"]
+    assert [a["name"] for a in by_kind["wheel"]] == ["dcu-serving"]
+    assert {a["name"] for a in by_kind["collection"]} == {"dcu.serving", "ansible.posix"}
+    [image] = by_kind["image"]
+    inspected = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tiny_image],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    assert image["refs"] == [tiny_image] and image["config_digest"] == inspected
+    # SHA256SUMS is what sha256sum -c reads
+    check = subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=bundle,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count(": OK") == len(doc["artifacts"])
+    assert verify(bundle, ChecksumCache(None)) == []
+
+
+def test_verify_reports_every_problem(build, manifest, tmp_path, capsys):
+    build(manifest)
+    bundle = tmp_path / "bundle"
+    corrupt, removed = bundle / "driver/rock-6.3.30-V1.4.1a.run", bundle / "dtk/DTK-26.04-Debian12-x86_64.tar.gz"
+    with open(corrupt, "r+b") as f:  # one byte, same size
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    removed.unlink()
+    (bundle / "wheels" / "smuggled-1.0-py3-none-any.whl").write_bytes(b"not in the index")
+
+    problems = {(p.problem, p.file) for p in verify(bundle, ChecksumCache(tmp_path / "sha256-cache.json"))}
+    assert problems == {
+        ("mismatch", "driver/rock-6.3.30-V1.4.1a.run"),
+        ("missing", "dtk/DTK-26.04-Debian12-x86_64.tar.gz"),
+        ("unlisted", "wheels/smuggled-1.0-py3-none-any.whl"),
+    }
+    # the command line says the same, and fails
+    assert cli.main(["--cache", str(tmp_path / "sha256-cache.json"), "verify", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    for name in ("rock-6.3.30-V1.4.1a.run", "DTK-26.04-Debian12-x86_64.tar.gz", "smuggled-1.0"):
+        assert name in out
+
+
+def test_rebuild_changes_nothing(build, manifest, tmp_path):
+    build(manifest)
+    bundle = tmp_path / "bundle"
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in bundle.rglob("*") if p.is_file()}
+    again = build(manifest)
+    assert {o.action for o in again.outcomes} == {"kept"}, [(o.file, o.action) for o in again.outcomes]
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in bundle.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_rebuild_repairs_a_damaged_bundle(build, manifest, tmp_path):
+    build(manifest)
+    bundle = tmp_path / "bundle"
+    (bundle / "driver/rock-6.3.30-V1.4.1a.run").write_bytes(b"truncated")
+    (bundle / "dtk/DTK-26.04-Debian12-x86_64.tar.gz").unlink()
+    again = build(manifest)
+    actions = {o.file: o.action for o in again.outcomes}
+    assert actions["driver/rock-6.3.30-V1.4.1a.run"] == "fetched"
+    assert actions["dtk/DTK-26.04-Debian12-x86_64.tar.gz"] == "fetched"
+    assert {a for f, a in actions.items() if not f.startswith(("driver/", "dtk/"))} == {"kept"}
+    assert verify(bundle, ChecksumCache(None)) == []
+
+
+def test_a_source_with_another_sum_is_refused(build, manifest, tmp_path):
+    manifest["files"][0]["sha256"] = "0" * 64
+    with pytest.raises(BuildError) as err:
+        build(manifest)
+    message = str(err.value)
+    assert "driver/rock-6.3.30-V1.4.1a.run" in message and "0" * 64 in message
+    assert not (tmp_path / "bundle" / "driver" / "rock-6.3.30-V1.4.1a.run").exists()
+    assert not (tmp_path / "bundle" / "index.json").exists()
+
+
+def test_manifest_mistakes_are_all_named():
+    with pytest.raises(ManifestError) as err:
+        parse({"dcu_bundle_manifest": {
+            "files": [{"name": "rock", "kind": "driver", "version": "1", "src": "/x/rock.run"},
+                      {"name": "f", "kind": "firmware", "version": "1", "src": "/x/f", "sha256": "a" * 64}],
+            "images": [{"name": "vllm", "ref": "registry/vllm:latest"}, {"name": "x", "ref": "registry/x"}],
+        }})
+    errors = "\n".join(err.value.errors)
+    assert "dcu_bundle_manifest.files[0].sha256: missing" in errors
+    assert "dcu_bundle_manifest.files[1].kind: 'firmware'" in errors
+    assert "dcu_bundle_manifest.images[0].ref" in errors and "floating" in errors
+    assert "dcu_bundle_manifest.images[1].ref" in errors and "no tag" in errors
+    assert len(err.value.errors) == 4
+
+
+def test_collections_install_offline_from_the_bundle(build, manifest, tmp_path):
+    build(manifest)
+    tarballs = sorted(str(p) for p in (tmp_path / "bundle" / "collections").glob("*.tar.gz"))
+    galaxy = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
+    done = subprocess.run([galaxy, "collection", "install", "--offline", "--force", "-p", str(tmp_path / "c"),
+                           *tarballs], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "c/ansible_collections/ansible/posix/MANIFEST.json").is_file()
+    assert (tmp_path / "c/ansible_collections/dcu/serving/MANIFEST.json").is_file()
+
+
+def test_manylinux_request_covers_older_glibc_wheels():
+    tags = expand_platforms(["manylinux_2_36_x86_64"])
+    for tag in ("manylinux_2_36_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"):
+        assert tag in tags
+    assert "manylinux_2_37_x86_64" not in tags
