@@ -6,7 +6,7 @@ import time
 
 import pytest
 import requests
-from sim.simtools import FAST, body, chat
+from sim.simtools import FAST, body, chat, sse
 from support import http_status, wait_until
 
 
@@ -119,3 +119,15 @@ def test_bad_fault_is_a_400_that_says_why(sim, fault, says):
     r = requests.post(sim.url + "/__sim/fault", json=fault, timeout=5)
     assert r.status_code == 400
     assert says in r.json()["error"]["message"]
+
+
+def test_error_mid_stream_arrives_as_an_event_under_200(sim):
+    inject(sim, kind="error_mid_stream", after_tokens=2)
+    with chat(sim, body(stream=True), stream=True) as r:
+        assert r.status_code == 200
+        events = sse(r)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == 500 and "error_mid_stream" in events[-2]["error"]["message"]
+    assert len(events) == 1 + 2 + 2  # role, 2 tokens, the error, [DONE]
+    whole = chat(sim, body())
+    assert whole.status_code == 500 and whole.json()["error"]["type"] == "InternalServerError"

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from dcu_serving.sim.config import SimConfig
-from dcu_serving.sim.faults import Faults, crash_process
+from dcu_serving.sim.faults import EngineError, Faults, crash_process
 
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
 
@@ -169,9 +169,12 @@ class Timer:
         if delay > 0:
             await asyncio.sleep(delay)
         now = self.loop.time()
-        crash_at = engine.faults.crash_after_tokens
-        if crash_at is not None and seq.generated >= crash_at:
+        faults = engine.faults
+        if faults.crash_after_tokens is not None and seq.generated >= faults.crash_after_tokens:
             crash_process(f"fault crash_mid_stream: exiting after {seq.generated} tokens of {seq.request_id}")
+        if faults.error_after_tokens is not None and seq.generated >= faults.error_after_tokens:
+            raise EngineError(f"Simulated generation failure after {seq.generated} tokens "
+                              "(dcu-vllm-sim fault 'error_mid_stream').")
         seq.generated += 1
         m = engine.metrics
         if seq.generated == 1:

@@ -21,11 +21,12 @@ KINDS: dict[str, dict[str, tuple[type, object]]] = {
     "unhealthy": {},                                # /health and /ping answer 503, like a dead engine
     "fail_first": {"count": (int, 1), "status": (int, 500)},  # the next `count` completions fail
     "crash_mid_stream": {"after_tokens": (int, 5)},  # the process exits once a sequence has that many tokens
+    "error_mid_stream": {"after_tokens": (int, 5)},  # generation fails after that many tokens (200 + error event)
 }
 
 HELP = (
     "crash[:after_s=S] | hang | error[:status=500] | slow[:factor=5] | unhealthy | "
-    "fail_first[:count=1:status=500] | crash_mid_stream[:after_tokens=5]"
+    "fail_first[:count=1:status=500] | crash_mid_stream[:after_tokens=5] | error_mid_stream[:after_tokens=5]"
 )
 
 
@@ -37,6 +38,10 @@ def crash_process(reason: str):
     log.error("simulated crash: %s", reason)
     logging.shutdown()
     os._exit(1)
+
+
+class EngineError(RuntimeError):
+    """A simulated failure inside generation (vLLM's EngineGenerateError)."""
 
 
 class FaultError(ValueError):
@@ -143,6 +148,11 @@ class Faults:
     @property
     def crash_after_tokens(self) -> int | None:
         fault = self.active.get("crash_mid_stream")
+        return fault.params["after_tokens"] if fault else None
+
+    @property
+    def error_after_tokens(self) -> int | None:
+        fault = self.active.get("error_mid_stream")
         return fault.params["after_tokens"] if fault else None
 
     def take_error_status(self) -> tuple[int, str] | None:

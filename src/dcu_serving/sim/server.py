@@ -13,7 +13,7 @@ from aiohttp import web
 from dcu_serving.sim import VLLM_VERSION
 from dcu_serving.sim.config import SimConfig
 from dcu_serving.sim.engine import THINK_CLOSE, THINK_OPEN, Engine, Sequence, plan
-from dcu_serving.sim.faults import Fault, FaultError, Faults, crash_process
+from dcu_serving.sim.faults import EngineError, Fault, FaultError, Faults, crash_process
 from dcu_serving.sim.metrics import Metrics
 from dcu_serving.sim.protocol import (
     APIError,
@@ -226,6 +226,8 @@ async def _complete(engine: Engine, seq: Sequence, model: str) -> web.Response:
     except asyncio.CancelledError:
         _log_abort(seq)
         raise
+    except EngineError as e:
+        raise APIError(str(e), 500, "InternalServerError") from None
     reasoning, content = _split(seq, engine.config.reasoning_parser is not None)
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
                "function_call": None, "tool_calls": [], "reasoning_content": reasoning}
@@ -268,6 +270,13 @@ async def _stream(request: web.Request, engine: Engine, seq: Sequence, model: st
         tail = enc.event(choices=[], usage=_usage(seq)) if include_usage else b""
         await response.write(tail + DONE)
         await response.write_eof()
+    except EngineError as e:
+        # Headers and 200 are out: like vLLM, the error travels as an event, then [DONE].
+        log.warning("request %s: %s", seq.request_id, e)
+        await response.write(b"data: " + json.dumps(error_body(str(e), "InternalServerError", 500)).encode()
+                             + b"\n\n" + DONE)
+        await response.write_eof()
+        return response
     except ConnectionResetError:
         _log_abort(seq)
         return response
