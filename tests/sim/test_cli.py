@@ -80,3 +80,10 @@ def test_knobs_from_the_environment(start_sim):
     # Thinking with 0 tokens is an empty block; the answer is about 5 tokens (±30%).
     assert reply["choices"][0]["message"]["content"].startswith("<think>\n\n</think>\n\n")
     assert 2 + 3 <= reply["usage"]["completion_tokens"] <= 2 + 7
+
+
+def test_sigterm_stops_it_even_while_loading(start_sim):
+    server = start_sim(*FAST, "--sim-load-seconds", "60", wait=False)
+    wait_until(lambda: "loading model weights" in server.tail(), 10, what="load started")
+    server.proc.terminate()
+    assert server.proc.wait(5) == 0

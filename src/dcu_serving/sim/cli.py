@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("model %s served as %s: max_model_len=%d max_num_seqs=%d image_limit=%d",
              config.model_path, ", ".join(config.served_model_names), config.max_model_len,
              config.max_num_seqs, config.image_limit)
+    # As PID 1 in a container a signal without a handler is ignored: stop promptly even while loading.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if config.load_seconds:
         # Like vLLM: nothing listens until the weights are loaded (clients see connection refused).
         log.info("loading model weights (simulated, %.1fs)", config.load_seconds)
