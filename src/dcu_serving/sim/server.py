@@ -184,6 +184,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         return await _chat_completions(request, config, faults)
     except APIError as err:
+        # Type and parameter only: a validation message can quote the request, prompts stay out of logs.
+        log.info("chat completion refused: %d %s (param %s)", err.status, err.err_type, err.param)
         return _error(err)
     finally:
         if config.enable_server_load_tracking:
