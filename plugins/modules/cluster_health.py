@@ -118,6 +118,7 @@ functional:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
 
 # An 8x8 white PNG: the smallest honest image for a functional request.

@@ -96,6 +96,7 @@ checksum:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import ChecksumCache, default_cache_path, verify
 from ansible_collections.dcu.serving.plugins.module_utils.image_archive import ArchiveError, read_images
 

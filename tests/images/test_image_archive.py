@@ -12,6 +12,7 @@ import tarfile
 import uuid
 
 import pytest
+
 from ansible_collections.dcu.serving.plugins.module_utils.image_archive import ArchiveError, read_images
 from support import REPO
 

@@ -9,6 +9,7 @@ import json
 import requests
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+
 from support import SERVED_MODEL
 
 # Short thinking and answers, millisecond timing: each request takes well under a second.

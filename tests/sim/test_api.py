@@ -8,6 +8,7 @@ import openai
 import pytest
 import requests
 from sim.simtools import FAST, body, chat, content_of, metric, metrics, png_uri, sse
+
 from support import SERVED_MODEL
 
 # --- service endpoints ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import subprocess
 
 import requests
 from sim.simtools import FAST, body, chat
+
 from support import free_port, python_module, wait_until
 
 ROLE_FLAGS = (  # what the dcu_vllm role renders for a real card

@@ -9,6 +9,7 @@ import socket
 import aiohttp
 import requests
 from sim.simtools import FAST, body, metric
+
 from support import wait_until
 
 # Slow enough to watch: ~40 tokens at 25 ms = 1 s per request.

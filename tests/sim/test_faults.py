@@ -7,6 +7,7 @@ import time
 import pytest
 import requests
 from sim.simtools import FAST, body, chat, sse
+
 from support import http_status, wait_until
 
 

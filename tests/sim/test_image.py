@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from support import REPO, SERVED_MODEL, free_port, http_status, wait_until
 
 pytestmark = pytest.mark.docker
