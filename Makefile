@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit molecule test images demo demo-down collection constraints clean
+.PHONY: help venv lint unit molecule test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,7 +27,8 @@ lint: venv  ## ansible-lint (production profile), yamllint, ruff
 	$(BIN)/ruff check src tests tools bench plugins
 	$(BIN)/ansible-lint --profile production
 
-unit: venv  ## pytest: modules, proxy, client, simulator
+unit: venv  ## pytest: modules, proxy, client, simulator, bundle
+	tools/ensure-docker
 	$(BIN)/pytest -q
 
 images: venv  ## build the local test images (cached by recipe hash)
@@ -35,7 +36,14 @@ images: venv  ## build the local test images (cached by recipe hash)
 	tools/build-image node
 	tools/build-image pybase
 
-molecule: venv images  ## every molecule scenario
+vendor: venv  ## emulated vendor artifacts (rock .run, DTK) into build/vendor/, reproducibly
+	tools/build-vendor-artifacts
+
+bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (playbooks/bundle.yml)
+	if [ -x tools/build-sim-image ]; then tools/build-sim-image >/dev/null; fi
+	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
+
+molecule: venv images bundle  ## every molecule scenario
 	set -e; for s in $$(ls molecule); do \
 	  [ -f molecule/$$s/molecule.yml ] || continue; \
 	  echo "== molecule test -s $$s"; $(BIN)/molecule test -s $$s; \
@@ -52,7 +60,7 @@ constraints:  ## re-pin requirements/constraints.txt from a fresh resolve
 	{ echo "# Pinned toolchain and runtime versions (regenerate: make constraints)."; \
 	  build/pin/bin/pip freeze --exclude-editable; } > requirements/constraints.txt
 
-demo: venv images  ## provision the emulated 8-card node end to end (filled by the serving layer)
+demo: venv images bundle  ## provision the emulated 8-card node end to end (filled by the serving layer)
 	@echo "make demo: arrives with the serving layer (issue 7)"; exit 2
 
 demo-down:  ## tear the demo node down
