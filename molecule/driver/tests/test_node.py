@@ -81,7 +81,7 @@ def test_dcu_facts_reports_the_cards_with_numa_nodes(host, dcu_module):
 def test_device_access_passes_for_the_service_user(host, dcu_module):
     result = dcu_module(host, "dcu.serving.dcu_device_access", user="dcu-serving", sysfs_root=SYSFS,
                     expected_cards=CARDS)
-    assert not result.get("failed"), result.get("msg")
+    assert result["problems"] == [], result.get("msg")
     assert len(result["nodes"]) == 2 + CARDS
     assert {n["result"] for n in result["nodes"]} == {"ok"}
     assert {(n["group"], n["mode"]) for n in result["nodes"]} == {("video", "0660")}
@@ -89,7 +89,8 @@ def test_device_access_passes_for_the_service_user(host, dcu_module):
 
 def test_device_access_fails_for_an_outsider_with_the_fix(host, dcu_module):
     result = dcu_module(host, "dcu.serving.dcu_device_access", user="nobody", sysfs_root=SYSFS)
-    assert result.get("failed") is True
+    assert result["problems"], "an outsider must not pass"
+    assert "user nobody cannot use the DCUs" in result["msg"]
     assert "user nobody is not in group video" in result["msg"]
     assert "usermod -aG video nobody" in result["msg"]
     assert {n["result"] for n in result["nodes"]} == {"permission denied"}
