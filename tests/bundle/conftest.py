@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import REPO
 
 from dcu_serving.bundle.build import Builder, Progress
 from dcu_serving.bundle.checksum import ChecksumCache
 from dcu_serving.bundle.manifest import parse
+from support import REPO
 
 
 def sha256(path: Path) -> str:
