@@ -64,6 +64,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._chunks = []
         self._buffered = 0
         self._complete = False
+        self._keep_alive = False
         self._error = None
         self._busy = False
         self._paused = False
@@ -110,6 +111,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_complete(self):
         self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()  # only valid inside this callback
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -196,7 +198,7 @@ class UpstreamConnection(asyncio.Protocol):
     def release(self):
         """Done with the response: keep the connection for the next request if it is reusable."""
         self._cancel_timer()
-        if self._complete and self._error is None and not self.closed and self._parser.should_keep_alive():
+        if self._complete and self._keep_alive and self._error is None and not self.closed:
             self._reset()
             self._pool.put_back(self)
         else:

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""What dcu-proxy costs: three paths side by side in one run, against 8 simulators.
+
+  direct     wrk straight to the backends (concurrency 1: one backend; 32: thread i -> backend i)
+  dcu-proxy  least-active routing, contract checks, results log on (as in production)
+  nginx      Debian nginx, least_conn, keepalive upstreams, proxy_buffering off, one worker
+
+Phase 1 (wrk, short non-streamed requests, simulators answer at once): req/s, p50/p99 latency and the
+proxy process's CPU time per request (utime+stime from /proc) at concurrency 1 and 32.
+Phase 2 (Python client, streams at a fixed inter-token latency): inter-chunk gaps direct vs proxy.
+Phase 3: RSS of a proxy holding 1,000 requests in its queue (all backends hung).
+
+    .venv/bin/python bench/proxy_overhead.py [--seconds 10] [--rounds 1] [--json out.json]
+
+Targets (issue 4): added p50 <= 0.5 ms and p99 <= 1 ms at concurrency 1; CPU <= 0.15 ms per request;
+throughput at concurrency 32 >= 0.7x nginx with no errors; added inter-chunk p99 <= 1 ms; RSS <= 150 MB.
+Figures from a shared 2-core machine are noisy: re-measure on a quiet one before quoting them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_harness import REQUEST, Harness, cpu_seconds, rss_mb, wait_for, wrk
+
+FAST_SIM = ("--max-num-seqs", "4", "--sim-ttft-ms", "0", "--sim-itl-ms", "0", "--sim-itl-jitter", "0",
+            "--sim-answer-tokens", "8", "--sim-think-tokens", "0")
+
+
+def measure(h: Harness, name: str, url: str, pid: int | None, connections: int, seconds: float,
+            spread: list[str] | None = None) -> dict:
+    threads = len(spread) if spread else min(connections, 2)
+    wrk(url, connections, 1, REQUEST, threads=threads, spread_over=spread, tmp=h.tmp)  # warm-up
+    before = cpu_seconds(pid) if pid else 0.0
+    result = wrk(url, connections, seconds, REQUEST, threads=threads, spread_over=spread, tmp=h.tmp)
+    if pid:
+        result["cpu_ms_per_req"] = (cpu_seconds(pid) - before) * 1000 / max(result["requests"], 1)
+    result["path"] = name
+    return result
+
+
+def phase_overhead(h: Harness, sims: list[str], seconds: float, rounds: int) -> dict:
+    proxy_url, proxy = h.start_proxy(sims)
+    nginx_url, nginx = h.start_nginx(sims, "least_conn")
+    out = {}
+    for connections in (1, 32):
+        runs: dict[str, list[dict]] = {"direct": [], "dcu-proxy": [], "nginx": []}
+        for _ in range(rounds):  # interleaved, so drift on a shared machine hits every path alike
+            runs["direct"].append(measure(h, "direct", sims[0], None, connections, seconds,
+                                          spread=sims if connections > 1 else None))
+            runs["dcu-proxy"].append(measure(h, "dcu-proxy", proxy_url, proxy.pid, connections, seconds))
+            runs["nginx"].append(measure(h, "nginx", nginx_url, nginx.pid, connections, seconds))
+        out[connections] = {path: _median(results) for path, results in runs.items()}
+    out["proxy_rss_mb_after_load"] = rss_mb(proxy.pid)
+    h.stop(proxy)
+    h.stop(nginx)
+    return out
+
+
+def _median(results: list[dict]) -> dict:
+    merged = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, (int, float)):
+            merged[key] = statistics.median(r[key] for r in results)
+    return merged
+
+
+async def _stream_gaps(url: str, streams: int, concurrency: int) -> tuple[list[float], list[int]]:
+    """Gaps (ms) between consecutive content events at the client, and events per stream."""
+    body = {**REQUEST, "stream": True, "max_tokens": 200}
+    gaps: list[float] = []
+    counts: list[int] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one():
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                last = None
+                n = 0
+                async for line in resp.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append((now - last) * 1000)
+                    last = now
+                    n += 1
+                counts.append(n)
+
+        semaphore = asyncio.Semaphore(concurrency)
+
+        async def limited():
+            async with semaphore:
+                await one()
+
+        await asyncio.gather(*(limited() for _ in range(streams)))
+    return gaps, counts
+
+
+def _pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+def phase_streaming(h: Harness, itl_ms: float) -> dict:
+    sims = h.start_sims(1, "--max-num-seqs", "4", "--sim-ttft-ms", "10", "--sim-itl-ms", str(itl_ms),
+                        "--sim-itl-jitter", "0", "--sim-answer-tokens", "60", "--sim-think-tokens", "0")
+    proxy_url, proxy = h.start_proxy(sims)
+    nginx_url, nginx = h.start_nginx(sims)
+    out = {}
+    for name, url in (("direct", sims[0]), ("dcu-proxy", proxy_url), ("nginx", nginx_url),
+                      ("direct ", sims[0]), ("dcu-proxy ", proxy_url), ("nginx ", nginx_url)):
+        gaps, counts = asyncio.run(_stream_gaps(url, streams=16, concurrency=4))
+        entry = out.setdefault(name.strip(), {"gaps": [], "counts": []})
+        entry["gaps"] += gaps
+        entry["counts"] += counts
+    summary = {}
+    for name, entry in out.items():
+        gaps = entry["gaps"]
+        summary[name] = {"p50": _pct(gaps, 50), "p99": _pct(gaps, 99), "events_per_stream": min(entry["counts"]),
+                         "coalesced": sum(1 for g in gaps if g < itl_ms * 0.3)}
+    h.stop(proxy)
+    h.stop(nginx)
+    return summary
+
+
+def phase_queue_rss(h: Harness, sims: list[str], queued: int) -> dict:
+    """Hang every backend, hold 32 + `queued` requests, read the proxy's RSS."""
+    proxy_url, proxy = h.start_proxy(sims, queue_size=queued + 100, health={"interval": 3600, "timeout": 2})
+    idle = rss_mb(proxy.pid)
+    for url in sims:
+        _post_json(url + "/__sim/fault", {"kind": "hang"})
+
+    def lb_status():
+        with urllib.request.urlopen(proxy_url + "/__lb_status", timeout=5) as r:
+            return json.load(r)
+
+    async def flood():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=None)) as session:
+            tasks = [asyncio.ensure_future(session.post(proxy_url + "/v1/chat/completions", json=REQUEST))
+                     for _ in range(queued + 32)]
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: wait_for(lambda: lb_status()["queue"] >= queued, 60, f"{queued} queued"))
+            rss = rss_mb(proxy.pid)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return rss
+
+    loaded = asyncio.run(flood())
+    wait_for(lambda: lb_status()["queue"] == 0 and all(b["active"] == 0 for b in lb_status()["backends"]),
+             30, "queue and slots empty after the callers left")
+    for url in sims:
+        req = urllib.request.Request(url + "/__sim/fault", method="DELETE")
+        urllib.request.urlopen(req, timeout=5).close()
+    h.stop(proxy)
+    return {"idle_mb": idle, "queued": queued, "loaded_mb": loaded}
+
+
+def _post_json(url: str, body: dict):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).close()
+
+
+def report(res: dict):
+    print("\n== dcu-proxy overhead (8 simulators, short non-streamed requests) ==")
+    for c in (1, 32):
+        print(f"\nconcurrency {c}:")
+        print(f"  {'path':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'CPU ms/req':>11}")
+        for path, r in res["overhead"][c].items():
+            cpu = f"{r['cpu_ms_per_req']:.3f}" if "cpu_ms_per_req" in r else "-"
+            print(f"  {path:<10} {r['rps']:>8.0f} {r['p50']:>8.3f} {r['p99']:>8.3f} {r['errors']:>7} {cpu:>11}")
+    one, many = res["overhead"][1], res["overhead"][32]
+    d, p, n = one["direct"], one["dcu-proxy"], one["nginx"]
+    print("\nconcurrency 1, added over direct:")
+    print(f"  dcu-proxy p50 +{p['p50'] - d['p50']:.3f} ms (target <= 0.5)   p99 +{p['p99'] - d['p99']:.3f} ms "
+          f"(target <= 1)")
+    print(f"  nginx     p50 +{n['p50'] - d['p50']:.3f} ms               p99 +{n['p99'] - d['p99']:.3f} ms")
+    for c in (1, 32):
+        pc, nc = res["overhead"][c]["dcu-proxy"]["cpu_ms_per_req"], res["overhead"][c]["nginx"]["cpu_ms_per_req"]
+        print(f"CPU per request at concurrency {c}: dcu-proxy {pc:.3f} ms (target <= 0.15), nginx {nc:.3f} ms, "
+              f"ratio {pc / nc:.1f}x")
+    ratio = many["dcu-proxy"]["rps"] / many["nginx"]["rps"]
+    print(f"throughput at concurrency 32: dcu-proxy / nginx = {ratio:.2f} (target >= 0.7), errors "
+          f"{many['dcu-proxy']['errors']} / {many['nginx']['errors']}")
+    s = res["streaming"]
+    print(f"\nstreaming, gaps between chunks at ITL {res['itl_ms']:g} ms (4 concurrent streams):")
+    for path, r in s.items():
+        print(f"  {path:<10} p50 {r['p50']:.3f} ms  p99 {r['p99']:.3f} ms  events/stream {r['events_per_stream']}"
+              f"  coalesced gaps {r['coalesced']}")
+    print(f"  dcu-proxy added inter-chunk p99: {s['dcu-proxy']['p99'] - s['direct']['p99']:+.3f} ms (target <= 1)")
+    q = res["queue_rss"]
+    print(f"\nRSS: idle {q['idle_mb']:.1f} MB, with {q['queued']} queued + 32 in flight {q['loaded_mb']:.1f} MB "
+          f"(target <= 150); after the load phase {res['overhead']['proxy_rss_mb_after_load']:.1f} MB")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10, help="length of each measured wrk run")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per path (median is reported)")
+    ap.add_argument("--itl-ms", type=float, default=10, help="inter-token latency of the streaming phase")
+    ap.add_argument("--queued", type=int, default=1000, help="requests held in the queue for the RSS phase")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    h = Harness()
+    try:
+        sims = h.start_sims(8, *FAST_SIM)
+        res = {"overhead": phase_overhead(h, sims, args.seconds, args.rounds)}
+        res["queue_rss"] = phase_queue_rss(h, sims, args.queued)
+        res["itl_ms"] = args.itl_ms
+        res["streaming"] = phase_streaming(h, args.itl_ms)
+    finally:
+        h.close()
+    report(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
