@@ -107,6 +107,7 @@ cached:
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import ChecksumCache, default_cache_path, verify
 
 

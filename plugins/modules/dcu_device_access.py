@@ -108,6 +108,7 @@ import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
 

@@ -109,6 +109,7 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
 DEFAULT_HY_SMI = "/opt/hyhal/bin/hy-smi"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support import REPO
 
 SAMPLES = Path(__file__).parent / "samples"

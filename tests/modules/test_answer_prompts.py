@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support import REPO
 
 ANSWERER = REPO / "roles" / "dcu_driver" / "files" / "answer_prompts.py"

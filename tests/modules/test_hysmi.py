@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
 
