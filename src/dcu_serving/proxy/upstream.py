@@ -15,6 +15,7 @@ closing.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 
 import httptools
@@ -50,6 +51,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._pool = pool
         self._loop = pool.loop
         self._transport = None
+        self._fd = -1
         self._parser = httptools.HttpResponseParser(self)
         self._waiter = None
         self._timer = None
@@ -73,6 +75,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport):
         self._transport = transport
+        self._fd = transport.get_extra_info("socket").fileno()
 
     def data_received(self, data):
         if not self._busy:  # a response nobody asked for: the connection is not usable
@@ -252,7 +255,11 @@ class Pool:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < IDLE_TIMEOUT:
+            # An idle connection must have nothing to read: if it has, the backend closed it (EOF already
+            # queued, e.g. the process just died) and the event loop has not noticed yet. Writing into it
+            # would fail *after* sending, which must not be retried; a fresh connect fails before.
+            if not conn.closed and now - conn.idle_since < IDLE_TIMEOUT \
+                    and not select.select((conn._fd,), (), (), 0)[0]:
                 return conn
             conn.abort()
         return None

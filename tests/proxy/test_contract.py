@@ -1,0 +1,164 @@
+"""The service contract: each rule rejects with a 400 that says what to change, or (relaxed) fixes it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from proxy.proxytools import FAST, body
+
+from dcu_serving.proxy import contract
+from dcu_serving.proxy.config import Contract
+from dcu_serving.proxy.errors import ProxyError
+from support import SERVED_MODEL
+
+STRICT = Contract()
+RELAXED = Contract("coerce", "move", "allow", "pass", 0)
+MODELS = frozenset({SERVED_MODEL})
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def check(payload, rules=STRICT, raw: bytes | None = None):
+    raw = raw if raw is not None else json.dumps(payload).encode()
+    return contract.check(raw, contract.parse(raw), rules, MODELS)
+
+
+def rejected(payload, rules=STRICT) -> ProxyError:
+    with pytest.raises(ProxyError) as e:
+        check(payload, rules)
+    assert e.value.status == 400
+    return e.value
+
+
+def images(n: int, url: str = PNG) -> dict:
+    content = [{"type": "image_url", "image_url": {"url": url}} for _ in range(n)]
+    return body(messages=[{"role": "user", "content": [*content, {"type": "text", "text": "read"}]}])
+
+
+def test_a_conforming_request_is_forwarded_byte_for_byte():
+    raw = b'{"model": "MiniCPM-V-4.5",  "user": "7", "messages": [{"role": "user", "content": "hi"}]}'
+    call = check(None, raw=raw)
+    assert call.body is raw
+    assert (call.model, call.orid, call.stream, call.strip_usage) == (SERVED_MODEL, "7", False, False)
+
+
+def test_an_integer_user_is_rejected_with_the_fix():
+    e = rejected(body(user=12345))
+    assert e.param == "user"
+    assert "str(orid)" in e.message and '"12345"' in e.message
+
+
+def test_relaxed_user_is_sent_as_a_string():
+    call = check(body(user=12345), RELAXED)
+    assert json.loads(call.body)["user"] == "12345"
+    assert call.orid == "12345"
+
+
+def test_top_level_enable_thinking_is_rejected_with_the_fix():
+    e = rejected({**body(), "enable_thinking": False})
+    assert e.param == "enable_thinking"
+    assert "chat_template_kwargs" in e.message
+
+
+def test_relaxed_enable_thinking_moves_into_chat_template_kwargs():
+    payload = {"model": SERVED_MODEL, "messages": [], "enable_thinking": False}
+    sent = json.loads(check(payload, RELAXED).body)
+    assert "enable_thinking" not in sent
+    assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+    # an explicit chat_template_kwargs value wins over the misplaced one
+    payload = {**payload, "enable_thinking": True, "chat_template_kwargs": {"enable_thinking": False, "x": 1}}
+    assert json.loads(check(payload, RELAXED).body)["chat_template_kwargs"] == {"enable_thinking": False, "x": 1}
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a.png", "HTTPS://example.com/b.jpg"])
+def test_a_remote_image_url_is_rejected_at_once(url):
+    e = rejected(images(1, url))
+    assert e.param == "messages[0].content[0].image_url"
+    assert "offline" in e.message and "data:image/jpeg;base64" in e.message
+    check(images(1, url), Contract(image_urls="allow"))  # allowed when relaxed
+
+
+def test_more_images_than_allowed_are_rejected():
+    check(images(9))
+    e = rejected(images(10))
+    assert "10 images" in e.message and "at most 9" in e.message
+    check(images(10), Contract(max_images=0))
+
+
+def test_a_model_that_is_not_served_is_rejected_listing_the_served_names():
+    e = rejected(body(model="minicpm-v"))
+    assert e.param == "model"
+    assert "`minicpm-v`" in e.message and SERVED_MODEL in e.message
+    e = rejected({"messages": []})
+    assert "`model` is required" in e.message
+    check(body(model="other"), Contract(model="pass"))
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe{}", b""])
+def test_malformed_json_is_rejected(raw):
+    with pytest.raises(ProxyError) as e:
+        contract.parse(raw)
+    assert e.value.status == 400 and "JSON" in e.value.message
+
+
+def test_a_stream_asks_for_usage_without_re_serialising():
+    raw = b' {"model":"MiniCPM-V-4.5","stream":true,"messages":[{"role":"user","content":"h\\u00e9"}]}'
+    call = check(None, raw=raw)
+    assert call.stream and call.strip_usage
+    assert call.body.endswith(raw[2:])  # the caller's bytes, only the option put in front
+    assert json.loads(call.body) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+
+
+def test_a_stream_that_asks_for_usage_keeps_it():
+    call = check(body(stream=True, stream_options={"include_usage": True}))
+    assert call.stream and not call.strip_usage
+    call = check(body(stream=True, stream_options={"continuous_usage_stats": False}))
+    assert json.loads(call.body)["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert call.strip_usage
+
+
+# -- over HTTP, through the proxy, against the simulator --
+
+@pytest.fixture
+def proxy(start_sim, start_proxy):
+    sim = start_sim(*FAST)
+    return start_proxy([sim.url], max_body_bytes=4096)
+
+
+def test_rejections_over_http_use_the_envelope_and_are_logged(proxy):
+    cases = [
+        (body(user=12345), 400, "user"),
+        ({**body(), "enable_thinking": True}, 400, "enable_thinking"),
+        (images(1, "https://example.com/x.png"), 400, "messages[0].content[0].image_url"),
+        (body(model="gpt-4o"), 400, "model"),
+    ]
+    for payload, status, param in cases:
+        r = proxy.chat(payload, headers={"X-Request-Id": f"reject-{param}"})
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == param
+        assert r.json()["error"]["type"] == "BadRequestError" and r.json()["error"]["code"] == 400
+        assert r.headers["X-Backend"] == "dcu-proxy"
+        assert r.headers["X-Request-Id"] == f"reject-{param}"
+
+    r = proxy.chat(b"{broken", headers={"X-Request-Id": "broken"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = proxy.chat(json.dumps(body()), headers={"Content-Type": "text/plain"})
+    assert r.status_code == 400 and "application/json" in r.json()["error"]["message"]
+    r = proxy.chat(body(text="x" * 5000))
+    assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"]
+    assert r.headers["X-Backend"] == "dcu-proxy" and r.headers["X-Request-Id"]
+
+    lines = proxy.results(count=7)
+    assert [line["status"] for line in lines] == [400] * 6 + [413]
+    assert lines[0]["orid"] == "12345" and lines[0]["request_id"] == "reject-user"
+    assert all(line["backend"] is None and line["attempts"] == 0 for line in lines)
+    assert proxy.lb_status()["backends"][0]["served"] == 0  # nothing reached the card
+
+
+def test_relaxed_contract_fixes_the_request_and_the_card_answers(start_sim, start_proxy):
+    sim = start_sim(*FAST)
+    proxy = start_proxy([sim.url], contract={"mode": "relaxed"})
+    r = proxy.chat({**body(user=777), "enable_thinking": False})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Backend"] == f"127.0.0.1:{sim.port}"
+    assert proxy.results(count=1)[0]["orid"] == "777"
