@@ -1,0 +1,66 @@
+"""Streams pass through chunk by chunk; usage is asked for, logged, and stripped unless the caller asked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from proxy.proxytools import body, slow
+
+ITL_MS = 40
+
+
+async def timed_events(url: str, payload: dict) -> list[tuple[float, object]]:
+    """(arrival time, payload) of each SSE event, read as the bytes arrive."""
+    loop = asyncio.get_running_loop()
+    events = []
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions",
+                                                                json=payload) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        buffer = b""
+        async for data in r.content.iter_any():
+            now = loop.time()
+            buffer += data
+            *complete, buffer = buffer.split(b"\n\n")
+            for event in complete:
+                text = event.decode()[len("data: "):]
+                events.append((now, text if text == "[DONE]" else json.loads(text)))
+    return events
+
+
+async def test_chunks_arrive_as_the_card_sends_them(start_sim, start_proxy):
+    sim = start_sim(*slow(itl_ms=ITL_MS, tokens=12))
+    proxy = start_proxy([sim.url])
+    direct = await timed_events(sim.url, body(stream=True))
+    proxied = await timed_events(proxy.url, body(stream=True))
+    assert [e for _, e in proxied][-1] == "[DONE]"
+    assert len(proxied) == len(direct)  # the usage chunk the proxy asked for is gone again
+    gaps = sorted(b[0] - a[0] for a, b in zip(proxied[1:-2], proxied[2:-1]))
+    # each token event arrives on its own, about one ITL after the previous one: nothing is held back
+    assert gaps[0] > ITL_MS / 1000 * 0.5, gaps
+    assert proxied[1][0] - proxied[0][0] < ITL_MS / 1000 * 2
+    content = [e["choices"][0]["delta"].get("content", "") for _, e in proxied[:-1]]
+    assert content == [e["choices"][0]["delta"].get("content", "") for _, e in direct[:-1]]
+
+
+async def test_usage_is_logged_and_stripped_unless_asked_for(start_sim, start_proxy):
+    sim = start_sim(*slow(itl_ms=2, tokens=10))
+    proxy = start_proxy([sim.url])
+    plain = [e for _, e in await timed_events(proxy.url, body(stream=True))]
+    assert all(e == "[DONE]" or e["choices"] for e in plain)
+    assert not any(isinstance(e, dict) and "usage" in e and e["usage"] for e in plain)
+    asked = [e for _, e in await timed_events(proxy.url, body(stream=True,
+                                                              stream_options={"include_usage": True}))]
+    usage_event = asked[-2]
+    assert usage_event["choices"] == [] and usage_event["usage"]["completion_tokens"] > 0
+    plain_line, asked_line = proxy.results(count=2)
+    assert asked_line["completion_tokens"] == usage_event["usage"]["completion_tokens"]
+    assert asked_line["prompt_tokens"] == usage_event["usage"]["prompt_tokens"]
+    assert plain_line["finish_reason"] == plain[-2]["choices"][0]["finish_reason"]
+    assert asked_line["finish_reason"] == asked[-3]["choices"][0]["finish_reason"]
+    for line in (plain_line, asked_line):
+        assert line["stream"] is True and line["status"] == 200
+        assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0
+        assert line["ttft_ms"] is not None and line["ttft_ms"] <= line["latency_ms"]
