@@ -64,6 +64,7 @@ class Proxy:
         self.metrics = Metrics(self)
         self._health_task = None
         self._checks: set = set()  # health checks of backends added by a reload
+        self.stopping = False  # SIGTERM came: requests cut now are the proxy's doing, not the caller's
         self._started = time.time()
 
     # -- lifecycle --
@@ -158,8 +159,7 @@ class Proxy:
             rec["error"] = e.message
             return self.error_response(e, rid, rec["backend"] or SELF)
         except asyncio.CancelledError:
-            rec["status"] = 499
-            rec["error"] = "the client closed the connection"
+            self._note_cut(rec)
             raise
         except Exception as e:  # a bug: answer in the envelope and keep the trace in the journal
             log.exception("request %s failed", rid)
@@ -319,12 +319,20 @@ class Proxy:
             except ConnectionError:
                 pass
         except ConnectionError:  # the caller went away while we wrote: stop the generation too
-            rec["status"] = 499
-            rec["error"] = "the client closed the connection"
+            self._note_cut(rec)
         finally:
             if not released:
                 conn.abort()
         return response
+
+    def _note_cut(self, rec: dict):
+        if self.stopping:
+            rec["status"] = 503
+            rec["error"] = (f"dcu-proxy stopped before the answer was complete (shutdown_grace "
+                            f"{self.settings.shutdown_grace:g} s over)")
+        else:
+            rec["status"] = 499
+            rec["error"] = "the client closed the connection"
 
     def error_response(self, e: ProxyError, rid: str, backend_name: str = SELF) -> web.Response:
         headers = {"Content-Type": "application/json", "X-Backend": backend_name, "X-Request-Id": rid}
@@ -536,13 +544,14 @@ async def serve(config: Config, reload_config: Callable[[], Config] | None = Non
         if ready is not None:
             ready()
         await stop.wait()
+        proxy.stopping = True
         in_flight = sum(b.active for b in proxy.balancer.backends) + proxy.balancer.queued
         log.info("stopping: no new connections; %d requests in flight get up to %g s", in_flight,
                  config.shutdown_grace)
     finally:
+        for runner in reversed(runners):
+            await runner.cleanup()  # stops listening, then waits up to shutdown_grace for requests
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-        for runner in reversed(runners):
-            await runner.cleanup()
         await proxy.close()
     log.info("stopped")
