@@ -45,6 +45,23 @@ def test_corrupted_installer_fails_with_file_expected_and_actual(host, run_drive
     _untouched(host)
 
 
+def test_corrupted_installer_staged_on_the_host_fails_too(host, run_drivers, bundle_dir, bundle_index, tmp_path):
+    """dcu_driver_bundle_source: host reads index.json on the host and verifies the files in place."""
+    bundle = tmp_path / "staged"
+    for name in ("index.json", INSTALLER, next(a["file"] for a in bundle_index["artifacts"] if a["kind"] == "dtk")):
+        (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(bundle_dir / name, bundle / name)
+    (bundle / INSTALLER).write_bytes((bundle / INSTALLER).read_bytes() + b"# appended\n")
+    host.ansible("ansible.builtin.copy", f"src={bundle}/ dest=/srv/dcu-bundle/", check=False, become=True)
+
+    rc, out = run_drivers("fresh", extra_vars={"dcu_driver_bundle_source": "host",
+                                               "dcu_driver_bundle_dir": "/srv/dcu-bundle"})
+    assert rc != 0
+    assert f"checksum mismatch for {INSTALLER}: expected sha256" in out
+    assert "(/srv/dcu-bundle/driver/rock-6.3.30-V1.4.1a.run)" in out
+    _untouched(host)
+
+
 def test_missing_prerequisites_are_listed_by_package(host, run_drivers):
     kernel = host.check_output("uname -r")
     host.run_expect([0], "dpkg --remove --force-depends cmake")

@@ -102,3 +102,9 @@ def test_staged_artifacts_are_cached_by_path_size_mtime(host, bundle_index):
         if artifact["kind"] in ("driver", "dtk"):
             entry = cache[f"/var/lib/dcu-serving/bundle/{artifact['file']}"]
             assert entry["sha256"] == artifact["sha256"] and entry["size"] == artifact["size"]
+
+
+def test_check_mode_on_the_converged_node_reports_no_change(run_drivers, recap):
+    rc, out = run_drivers("node", "--check", "--diff")
+    assert rc == 0, out[-3000:]
+    assert recap(out, "node")["changed"] == 0
