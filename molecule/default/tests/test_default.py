@@ -1,0 +1,171 @@
+"""The emulated 8-card node after site.yml (converged twice): serving, proved the ways an operator and a
+caller would notice. Tests run in file order; the disruptive ones (kill, restarts, card removal) last."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+
+import requests
+import yaml
+
+from dcu_serving.client import Client
+from support import wait_until
+
+testinfra_hosts = ["node"]
+CARDS = 8
+BACKENDS = [f"http://127.0.0.1:{8002 + card}" for card in range(CARDS)]
+RESULTS = "/var/log/dcu-serving/results.jsonl"
+MODEL = "MiniCPM-V-4.5"
+
+
+def results_line(host, orid: str, path: str = RESULTS):
+    """The results-log record of orid (the log is written by a thread: poll for it)."""
+    def find():
+        for line in host.file(path).content_string.splitlines():
+            record = json.loads(line)
+            if record.get("orid") == orid:
+                return record
+        return None
+    return wait_until(find, 10, interval=0.2, what=f"the line of orid {orid} in {path}")
+
+
+def test_one_instance_per_card_each_with_only_its_own_card(host):
+    containers = json.loads(host.check_output("docker inspect $(docker ps --quiet --filter name=vllm-)"))
+    by_name = {c["Name"].lstrip("/"): c for c in containers}
+    assert sorted(by_name) == sorted(f"vllm-{card}" for card in range(CARDS))
+    kfd_gid = host.check_output("stat --format=%g /dev/kfd")
+    for card in range(CARDS):
+        assert host.service(f"vllm@{card}").is_running and host.service(f"vllm@{card}").is_enabled
+        assert f"DCU_VLLM_PORT={8002 + card}" in host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string
+        config = by_name[f"vllm-{card}"]["HostConfig"]
+        devices = sorted(d["PathOnHost"] for d in config["Devices"])
+        assert devices == sorted([f"/dev/dri/card{card + 1}", f"/dev/dri/renderD{128 + card}", "/dev/kfd", "/dev/mkfd"])
+        assert config["NetworkMode"] == "host" and kfd_gid in config["GroupAdd"]
+        assert "/opt/hyhal:/opt/hyhal:ro" in config["Binds"]
+        assert "/srv/models/MiniCPM-V-4.5:/srv/models/MiniCPM-V-4.5:ro" in config["Binds"]
+        assert by_name[f"vllm-{card}"]["Config"]["User"] != "root"  # the image's unprivileged user
+
+
+def test_proxy_runs_hardened_as_its_own_user_with_the_derived_backends(host, unit):
+    proxy = host.service("dcu-proxy")
+    assert proxy.is_running and proxy.is_enabled
+    pid = unit(host, "dcu-proxy", "MainPID")
+    assert host.check_output(f"ps -o user= -p {pid}") == "dcu-proxy"
+    for prop, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+                        "PrivateTmp": "yes", "ReadWritePaths": "/var/log/dcu-serving"}.items():
+        assert unit(host, "dcu-proxy", prop) == value, prop
+    # Outside its log directory the service's file system is read-only, even where the user could write.
+    probe = host.run("systemd-run --wait --pipe --quiet --property=ProtectSystem=strict --uid=0 touch /etc/probe")
+    assert probe.rc != 0 and "Read-only file system" in probe.stderr
+    config = host.file("/etc/dcu-serving/proxy.yml")
+    assert (config.user, config.group, config.mode) == ("root", "dcu-proxy", 0o640)
+    data = yaml.safe_load(config.content_string)
+    assert data["backends"] == BACKENDS and data["models"] == [MODEL] and data["backend_concurrency"] == 4
+
+
+def test_cluster_health_reports_8_of_8(host, dcu_module):
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, check_backends="true", timeout=60)
+    assert result.get("summary") == "8/8", result.get("msg")
+    assert sorted(b["unit"] for b in result["backends"]) == sorted(f"vllm@{card}" for card in range(CARDS))
+
+
+def test_a_chat_completion_with_an_image_is_answered_and_logged_by_orid(host, proxy_url, image_file):
+    orid = f"mol-{uuid.uuid4().hex[:12]}"
+    prompt = "What does this receipt say? secret-prompt-text"
+    result = Client(proxy_url, model=MODEL).recognize(image_file, prompt, orid=orid, max_tokens=400,
+                                                     enable_thinking=False)
+    assert result.answer and result.finish_reason in ("stop", "length")
+    assert result.backend in {b.split("//")[1] for b in BACKENDS}, result.backend
+    record = results_line(host, orid)
+    assert record["status"] == 200 and record["backend"] == result.backend and record["model"] == MODEL
+    line = json.dumps(record)
+    assert "secret-prompt-text" not in line and base64.b64encode(image_file.read_bytes())[:40].decode() not in line
+
+
+def test_results_log_is_reopened_after_logrotate(host, proxy_url, image_file):
+    rotate = host.run("logrotate --force /etc/logrotate.d/dcu-serving")
+    assert rotate.rc == 0, rotate.stderr
+    rotated = host.check_output("ls /var/log/dcu-serving").split()
+    assert any(name.startswith("results.jsonl-") for name in rotated), rotated
+    new = host.file(RESULTS)
+    assert (new.user, new.group, new.mode) == ("dcu-proxy", "adm", 0o640)
+    orid = f"mol-rotated-{uuid.uuid4().hex[:8]}"
+    Client(proxy_url, model=MODEL).recognize(image_file, orid=orid, max_tokens=200, enable_thinking=False)
+    assert results_line(host, orid)["status"] == 200
+
+
+def test_check_mode_on_the_converged_node_changes_nothing(host, run_playbook, recap):  # host: keeps file order
+    rc, out = run_playbook("serving.yml", "--check", "--diff")
+    assert rc == 0, out[-3000:]
+    assert recap(out, "node")["changed"] == 0, out[-3000:]
+
+
+def test_a_killed_container_is_brought_back_by_systemd(host, unit, dcu_module):
+    restarts = int(unit(host, "vllm@5", "NRestarts"))
+    old_id = host.check_output("docker inspect --format={{.Id}} vllm-5")
+    host.check_output("docker kill vllm-5")
+    wait_until(lambda: int(unit(host, "vllm@5", "NRestarts")) > restarts
+               and unit(host, "vllm@5", "ActiveState") == "active",
+               90, interval=0.5, what="vllm@5 restarted by systemd")
+    assert host.check_output("docker inspect --format={{.Id}} vllm-5") != old_id
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
+    assert result.get("summary") == "8/8", result.get("msg")
+
+
+def test_rolling_restart_under_load_fails_no_request(host, proxy_url, unit, run_playbook):
+    """rolling_restart.yml on two cards while requests flow: each card drained, restarted, undrained."""
+    before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in (0, 1)}
+    outcomes: list = []
+    stop = threading.Event()
+
+    def caller():  # no client-side retries: every failure the proxy lets through counts
+        session = requests.Session()
+        while not stop.is_set():
+            body = {"model": MODEL, "user": "mol-load", "max_tokens": 30,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                    "messages": [{"role": "user", "content": "ping"}]}
+            try:
+                resp = session.post(proxy_url + "/v1/chat/completions", json=body, timeout=60)
+                outcomes.append((resp.status_code, resp.headers.get("X-Backend")))
+            except requests.RequestException as exc:
+                outcomes.append((None, str(exc)))
+
+    threads = [threading.Thread(target=caller) for _ in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        rc, out = run_playbook("rolling_restart.yml", extra_vars={"dcu_vllm_restart_cards": [0, 1]})
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert rc == 0, out[-3000:]
+    for card in (0, 1):
+        assert unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") != before[card]
+    failures = [o for o in outcomes if o[0] != 200]
+    assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+
+
+def test_a_card_left_out_is_retired_and_the_proxy_reloads_without_restarting(host, unit, run_playbook, recap,
+                                                                             dcu_module):
+    pid = unit(host, "dcu-proxy", "MainPID")
+    rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_cards": list(range(CARDS - 1)),
+                                                      "dcu_vllm_expected_cards": 0})
+    assert rc == 0, out[-3000:]
+    assert not host.service("vllm@7").is_running and not host.service("vllm@7").is_enabled
+    assert not host.file("/etc/dcu-serving/vllm/7.env").exists
+    assert unit(host, "dcu-proxy", "MainPID") == pid  # SIGHUP reload, not a restart
+    result = dcu_module(host, "dcu.serving.cluster_health", timeout=30)
+    assert result.get("summary") == "7/7", result.get("msg")
+
+    rc, out = run_playbook("serving.yml")
+    assert rc == 0, out[-3000:]
+    assert host.service("vllm@7").is_running
+    assert unit(host, "dcu-proxy", "MainPID") == pid
+    changed = recap(out, "node")["changed"]
+    assert changed > 0
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
+    assert result.get("summary") == "8/8", result.get("msg")
