@@ -6,6 +6,10 @@ Bundle artifacts reach tens of GB (image tarballs); hashing them on every run wo
 read them all again. A file whose size and modification time (ns) did not change since it was
 hashed keeps its cached sum. The cache is one JSON file, updated under an exclusive lock and replaced
 atomically, so parallel runs neither corrupt it nor block readers.
+
+The same file is the `dcu_serving.bundle.checksum` module of the Python package (a symlink there), so
+the bundle builder on the controller and the roles on the hosts share one cache format and one
+implementation. Standard library only: it runs with a target's bare python3.
 """
 
 import errno
@@ -26,11 +30,14 @@ def default_cache_path():
     return os.path.join(base, "dcu-serving", "sha256-cache.json")
 
 
-def sha256_file(path):
+def sha256_file(path, progress=None):
+    """Hex SHA-256 of a file; progress(n) is called with each block's size."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(CHUNK), b""):
             digest.update(block)
+            if progress:
+                progress(len(block))
     return digest.hexdigest()
 
 
@@ -51,7 +58,7 @@ class ChecksumCache:
         self.write = write
         self.warnings = []
 
-    def cached_sha256(self, path):
+    def cached_sha256(self, path, progress=None):
         real = os.path.realpath(path)
         stat = os.stat(real)
         key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -60,20 +67,31 @@ class ChecksumCache:
             if isinstance(entry, dict) and all(entry.get(k) == v for k, v in key.items()) \
                     and entry.get("sha256"):
                 return entry["sha256"], True
-        digest = sha256_file(real)
+        digest = sha256_file(real, progress)
         # A file that changed while it was read gets no cache entry: its sum may be of neither version.
         after = os.stat(real)
         if self.cache_path and self.write and (after.st_size, after.st_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
             self._store(real, dict(key, sha256=digest))
         return digest, False
 
+    def sha256(self, path, progress=None):
+        return self.cached_sha256(path, progress)[0]
+
+    def remember(self, path, digest):
+        """Record the sum of a file this process just wrote (its bytes were hashed while writing)."""
+        if self.cache_path and self.write:
+            real = os.path.realpath(path)
+            stat = os.stat(real)
+            self._store(real, {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest})
+
     def _store(self, real, entry):
-        directory = os.path.dirname(self.cache_path)
+        cache_path = os.fspath(self.cache_path)
+        directory = os.path.dirname(cache_path)
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
-            with open(self.cache_path + ".lock", "a") as lock:
+            with open(cache_path + ".lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                data = _load(self.cache_path)
+                data = _load(cache_path)
                 # Forget entries of files that no longer exist so the cache does not grow forever.
                 data = {p: e for p, e in data.items() if os.path.exists(p)}
                 data[real] = entry
@@ -81,7 +99,7 @@ class ChecksumCache:
                 with os.fdopen(fd, "w") as handle:
                     json.dump(data, handle, indent=1, sort_keys=True)
                 os.chmod(tmp, 0o644)
-                os.replace(tmp, self.cache_path)
+                os.replace(tmp, cache_path)
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
                 raise
