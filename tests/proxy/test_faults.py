@@ -123,8 +123,9 @@ async def test_kill_one_of_eight_under_load(start_sim, start_proxy):
 
     callers = [asyncio.ensure_future(caller(n)) for n in range(24)]
     await _poll(lambda: len(sent) >= 60 and any(s[4] == name(victim) for s in sent), 20, what="load")
-    killed_at = loop.time()
     victim.proc.kill()
+    await loop.run_in_executor(None, victim.proc.wait)
+    killed_at = loop.time()  # dead, its sockets closed: whatever is sent from now on never reaches it
     await _poll(lambda: not proxy.backend(victim)["healthy"], interval, what="the killed card unhealthy")
     await _poll(lambda: len(sent) >= 60 + 100, 20, what="load after the kill")
 

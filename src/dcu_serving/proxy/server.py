@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import time
-import uuid
 from typing import Callable
 
 from aiohttp import web
@@ -63,6 +63,7 @@ class Proxy:
         self.results: ResultsLog | None = None
         self.metrics = Metrics(self)
         self._health_task = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._checks: set = set()  # health checks of backends added by a reload
         self.stopping = False  # SIGTERM came: requests cut now are the proxy's doing, not the caller's
         self._started = time.time()
@@ -71,6 +72,7 @@ class Proxy:
 
     async def start(self):
         s = self.settings
+        self.loop = asyncio.get_running_loop()  # kept: get_running_loop() costs a getpid() syscall on 3.11
         if s.results_log:
             try:
                 self.results = ResultsLog(s.results_log)
@@ -90,7 +92,10 @@ class Proxy:
             next_round = max(next_round + self.settings.health_interval, loop.time())
             await asyncio.sleep(next_round - loop.time())
             s = self.settings
-            await self.balancer.check_all(s.health_path, s.health_timeout)
+            try:
+                await self.balancer.check_all(s.health_path, s.health_timeout)
+            except Exception:  # a bug must not stop the health checks for good
+                log.exception("health check round failed")
 
     async def close(self):
         if self._health_task is not None:
@@ -143,12 +148,12 @@ class Proxy:
     # -- the API: contract, routing, relay --
 
     async def handle_api(self, request: web.Request) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         t0 = loop.time()
         rid = request.headers.get("X-Request-Id")
-        generated = not rid or len(rid) > _MAX_REQUEST_ID
+        generated = not rid or len(rid) > _MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable())
         if generated:
-            rid = uuid.uuid4().hex
+            rid = new_request_id()
         rec = {"time": 0.0, "request_id": rid, "orid": None, "model": None, "backend": None, "status": 0,
                "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
                "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
@@ -198,7 +203,7 @@ class Proxy:
         path = request.path.encode()
         deadline = t0 + s.request_timeout
         balancer = self.balancer
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         first_failure = None
         while True:
             try:
@@ -238,18 +243,16 @@ class Proxy:
                 balancer.release(backend, served=sent)
 
     async def _read_body(self, request: web.Request, limit: int) -> bytes:
-        too_large = ProxyError(413, f"The request body is larger than the proxy's limit of {limit} bytes: "
-                                    f"send smaller or fewer images.")
         length = request.content_length
         if length is not None:
             if length > limit:
-                raise too_large
+                raise _too_large(limit)
             return await request.read()
-        body = bytearray()
+        body = bytearray()  # a chunked upload: count as it comes
         async for chunk in request.content.iter_any():
             body += chunk
             if len(body) > limit:
-                raise too_large
+                raise _too_large(limit)
         return bytes(body)
 
     def _response_headers(self, raw, backend: Backend, rid: str) -> CIMultiDict:
@@ -274,7 +277,7 @@ class Proxy:
             return web.Response(body=body, status=status, headers=headers)
 
         response = web.StreamResponse(status=status, headers=headers)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         released = False
         try:
             await response.prepare(request)
@@ -343,7 +346,7 @@ class Proxy:
     # -- the proxy's own endpoints --
 
     def _own_headers(self, request) -> dict:
-        return {"X-Backend": SELF, "X-Request-Id": request.headers.get("X-Request-Id") or uuid.uuid4().hex}
+        return {"X-Backend": SELF, "X-Request-Id": request.headers.get("X-Request-Id") or new_request_id()}
 
     async def handle_health(self, request):
         routable = sum(1 for b in self.balancer.backends if b.healthy and not b.draining)
@@ -448,6 +451,15 @@ class Proxy:
         app.add_routes([web.get("/__lb_status", self.handle_lb_status)])
         app.router.add_route("*", "/{tail:.*}", self.handle_not_found)
         return app
+
+
+def _too_large(limit: int) -> ProxyError:
+    return ProxyError(413, f"The request body is larger than the proxy's limit of {limit} bytes: send smaller "
+                           f"or fewer images.")
+
+
+def new_request_id() -> str:
+    return os.urandom(16).hex()  # as random as uuid4().hex, a quarter of the cost
 
 
 def _note_answer(body: bytes, status: int, rec: dict):
