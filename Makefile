@@ -60,11 +60,16 @@ constraints:  ## re-pin requirements/constraints.txt from a fresh resolve
 	{ echo "# Pinned toolchain and runtime versions (regenerate: make constraints)."; \
 	  build/pin/bin/pip freeze --exclude-editable; } > requirements/constraints.txt
 
-demo: venv images bundle  ## provision the emulated 8-card node end to end (filled by the serving layer)
-	@echo "make demo: arrives with the serving layer (issue 7)"; exit 2
+DEMO_NODE := dcu-demo
+DEMO_PORT ?= 8000
+demo: venv images bundle  ## provision the emulated 8-card node end to end and send it one request
+	tools/dcu-node up $(DEMO_NODE) --cards 8 --publish 127.0.0.1:$(DEMO_PORT):8000
+	$(BIN)/ansible-playbook -i inventories/demo/hosts.yml tools/stand-in-model.yml
+	$(BIN)/ansible-playbook -i inventories/demo/hosts.yml playbooks/site.yml
+	$(BIN)/python tools/demo-report --url http://127.0.0.1:$(DEMO_PORT) --node $(DEMO_NODE)
 
 demo-down:  ## tear the demo node down
-	@echo "make demo-down: arrives with the serving layer (issue 7)"
+	tools/dcu-node down $(DEMO_NODE)
 
 clean:  ## remove build output (keeps .venv)
 	rm -rf build bundle .pytest_cache .ruff_cache
