@@ -71,7 +71,7 @@ def _median(results: list[dict]) -> dict:
     merged = dict(results[0])
     for key, value in results[0].items():
         if isinstance(value, (int, float)):
-            merged[key] = statistics.median(r[key] for r in results)
+            merged[key] = type(value)(statistics.median(r[key] for r in results))
     return merged
 
 

@@ -200,7 +200,7 @@ class Proxy:
                            if name.lower() not in _DROP_REQUEST)
         if generated:
             headers += b"X-Request-Id: %s\r\n" % rid.encode()
-        path = request.path.encode()
+        path = request.raw_path.encode()
         deadline = t0 + s.request_timeout
         balancer = self.balancer
         loop = self.loop

@@ -70,6 +70,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._error = None
         self._busy = False
         self._paused = False
+        self._whole = False  # read() wants the whole body: never pause reading
 
     # -- asyncio.Protocol --
 
@@ -107,7 +108,7 @@ class UpstreamConnection(asyncio.Protocol):
     def on_body(self, body):
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > PAUSE_ABOVE and not self._paused:
+        if self._buffered > PAUSE_ABOVE and not self._paused and not self._whole:
             self._paused = True
             self._transport.pause_reading()
         self._wake()
@@ -171,6 +172,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def read(self) -> bytes:
         """The whole response body."""
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self._transport.resume_reading()
         while not self._complete:
             if self._error is not None:
                 raise self._error
