@@ -32,7 +32,7 @@ def test_least_active_spreads_evenly_up_to_the_cap(start_sim, start_proxy):
         futures = [pool.submit(proxy.chat, body()) for _ in range(6)]
         wait_until(lambda: sum(active(proxy)) == 6, 10, what="6 requests in flight")
         assert active(proxy) == [2, 2, 2]
-        assert [running(s) for s in sims] == [2, 2, 2]
+        wait_until(lambda: [running(s) for s in sims] == [2, 2, 2], 5, what="2 running on every card")
         responses = [f.result() for f in futures]
     assert all(r.status_code == 200 for r in responses)
     assert Counter(r.headers["X-Backend"] for r in responses) == {f"127.0.0.1:{s.port}": 2 for s in sims}
