@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""What a re-run costs on a converged node, and how fast a cold start reaches 8/8. Three measures:
+
+  1  site.yml a second time on the converged node: wall time, and changed must be 0.
+  2  the dcu_images load task when the engine already holds a 2 GB image: with the checksum cache
+     (target < 2 s) and, side by side, with the cache removed (the tarball's SHA-256 read in full).
+  3  `systemctl start` of every vllm@N at once: until the units are up (ExecStartPost saw each one
+     serve) and until dcu.serving.cluster_health sees N/N through the proxy.
+
+Runs against a node provisioned by `make demo` (default) or any inventory host that is a Docker
+container (--container names it; the 2 GB tarball is copied in with `docker cp`):
+
+    make demo && .venv/bin/python bench/converge.py [--image-gb 2] [--skip-image]
+
+Timing figures are only meaningful on an otherwise quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / ".venv" / "bin"
+ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+STAGE = "/var/lib/dcu-serving/bench-bundle"
+CACHE = "/var/cache/dcu-serving/sha256-cache.json"
+
+
+def run(argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=REPO, **kw)
+
+
+def node(container: str, *cmd: str) -> str:
+    done = run(["docker", "exec", container, *cmd])
+    if done.returncode != 0:
+        raise SystemExit(f"docker exec {container} {' '.join(cmd)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def recap(output: str, host: str) -> dict:
+    counts: dict = {}
+    for line in output.splitlines():
+        if line.startswith(host + " ") and "ok=" in line:
+            for field in line.split(":", 1)[1].split():
+                key, value = field.split("=")
+                counts[key] = counts.get(key, 0) + int(value)
+    return counts
+
+
+def site_rerun(args) -> None:
+    print("1  site.yml on the converged node")
+    argv = [str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/site.yml", "-l", args.host]
+    first = run(argv)
+    if first.returncode != 0:
+        raise SystemExit(f"site.yml failed on {args.host}; converge it first (make demo):\n{first.stdout[-3000:]}")
+    started = time.monotonic()
+    second = run(argv)
+    wall = time.monotonic() - started
+    counts = recap(second.stdout, args.host)
+    verdict = "ok" if second.returncode == 0 and counts.get("changed") == 0 else "FAIL"
+    print(f"   second run: {wall:6.1f} s wall, ok={counts.get('ok')} changed={counts.get('changed')} "
+          f"failed={counts.get('failed')}  [{verdict}: changed must be 0]")
+
+
+def image_task_seconds(args, playbook: Path) -> tuple[float, dict]:
+    """Duration of dcu_images' load task (json callback) and its result."""
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", args.inventory, str(playbook), "-l", args.host],
+                          capture_output=True, text=True, cwd=REPO,
+                          env=dict(ENV, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
+    if done.returncode != 0:
+        raise SystemExit(f"the image play failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    for play in json.loads(done.stdout)["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith("Load the images the engine lacks"):
+                span = task["task"]["duration"]
+                seconds = (_ts(span["end"]) - _ts(span["start"]))
+                return seconds, task["hosts"][args.host]
+    raise SystemExit("no 'Load the images the engine lacks' task in the play's output")
+
+
+def _ts(text: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def image_cache(args) -> None:
+    size = int(args.image_gb * 1024**3)
+    print(f"2  dcu_images with a {size / 1024**3:.1f} GiB image already loaded")
+    ref = f"dcu-bench/big:{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="dcu-bench.", dir=REPO / "build") as tmp:
+        tmp = Path(tmp)
+        # A one-layer image of incompressible bytes, saved the way the bundle saves images.
+        importer = subprocess.Popen(["docker", "import", "-", ref], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        with tarfile.open(fileobj=importer.stdin, mode="w|") as layer, open("/dev/urandom", "rb") as noise:
+            blob = tarfile.TarInfo("blob")
+            blob.size = size
+            layer.addfile(blob, noise)
+        importer.stdin.close()
+        if importer.wait() != 0:
+            raise SystemExit("docker import of the bench image failed")
+        archive = tmp / "big.tar"
+        subprocess.run(["docker", "save", "-o", str(archive), ref], check=True)
+        subprocess.run(["docker", "rmi", ref], check=True, capture_output=True)
+        digest = run(["sha256sum", str(archive)]).stdout.split()[0]
+        config = json.loads(run(["tar", "-xOf", str(archive), "manifest.json"]).stdout)[0]["Config"]
+        index = {"format": 1, "artifacts": [{"name": "big", "kind": "image", "version": "1", "file": "images/big.tar",
+                                             "sha256": digest, "size": archive.stat().st_size, "refs": [ref],
+                                             "config_digest": "sha256:" + Path(config).name.removesuffix(".json")}]}
+        (tmp / "index.json").write_text(json.dumps(index))
+        node(args.container, "mkdir", "-p", f"{STAGE}/images")
+        for src, dest in ((archive, f"{STAGE}/images/big.tar"), (tmp / "index.json", f"{STAGE}/index.json")):
+            subprocess.run(["docker", "cp", str(src), f"{args.container}:{dest}"], check=True)
+        playbook = tmp / "images.yml"
+        playbook.write_text(json.dumps([{
+            "name": "Load the bench image", "hosts": args.host, "gather_facts": False, "become": True,
+            "roles": [{"role": "dcu.serving.dcu_images",
+                       "vars": {"dcu_images_bundle_dir": STAGE, "dcu_images_bundle_source": "host"}}]}]))
+        try:
+            cold, result = image_task_seconds(args, playbook)
+            loaded = result["results"][0]["loaded"]
+            print(f"   first run (loads it):         {cold:6.2f} s  loaded {loaded}")
+            warm, result = image_task_seconds(args, playbook)
+            cached = result["results"][0]["checksum"]["cached"]
+            node(args.container, "rm", "-f", CACHE)
+            uncached, _ = image_task_seconds(args, playbook)
+            print(f"   already loaded, cache warm:   {warm:6.2f} s  (sum from cache: {cached}, "
+                  f"changed: {result['changed']})  [{'ok' if warm < 2 else 'FAIL'}: target < 2 s]")
+            print(f"   already loaded, cache absent: {uncached:6.2f} s  (the tarball read in full; "
+                  f"{uncached / warm:.0f}x the warm run)")
+        finally:
+            run(["docker", "exec", args.container, "docker", "rmi", "--force", ref])
+            run(["docker", "exec", args.container, "rm", "-rf", STAGE])
+
+
+def cold_start(args) -> None:
+    units = [u for u in node(args.container, "systemctl", "list-units", "--plain", "--no-legend", "vllm@*").split("\n")
+             if u]
+    names = sorted((u.split()[0] for u in units), key=lambda n: int(n.split("@")[1].split(".")[0]))
+    print(f"3  systemctl start of {len(names)} vllm units until cluster_health sees {len(names)}/{len(names)}")
+    node(args.container, "systemctl", "stop", *names)
+    # The proxy must have seen them down, or it would report the old 8/8 at once.
+    deadline = time.monotonic() + 60
+    while True:
+        status = json.loads(node(args.container, "python3", "-c", "import urllib.request;print(urllib.request."
+                                 "urlopen('http://127.0.0.1:8000/__lb_status').read().decode())"))
+        if status["healthy"] == 0:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit("the proxy still reports healthy backends 60 s after stopping every unit")
+        time.sleep(0.2)
+    started = time.monotonic()
+    health = subprocess.Popen([str(BIN / "ansible"), args.host, "-i", args.inventory, "--become", "-m",
+                               "dcu.serving.cluster_health", "-a",
+                               f"expected={len(names)} interval=0.2 timeout=600"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+    node(args.container, "systemctl", "start", *names)
+    units_up = time.monotonic() - started
+    out, _ = health.communicate()
+    seen = time.monotonic() - started
+    verdict = "ok" if health.returncode == 0 else "FAIL"
+    print(f"   units up (every ExecStartPost saw its instance serve): {units_up:6.1f} s")
+    print(f"   cluster_health sees {len(names)}/{len(names)} through the proxy:      {seen:6.1f} s  [{verdict}]"
+          f"  (includes the module's start-up and up to one proxy health interval)")
+    if health.returncode != 0:
+        print(out[-2000:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inventory", default="inventories/demo/hosts.yml")
+    parser.add_argument("--host", default="dcu-demo", help="inventory host")
+    parser.add_argument("--container", default="dcu-demo", help="the host's Docker container")
+    parser.add_argument("--image-gb", type=float, default=2.0)
+    for part in ("site", "image", "start"):
+        parser.add_argument(f"--skip-{part}", action="store_true")
+    args = parser.parse_args()
+    if run(["docker", "container", "inspect", args.container]).returncode != 0:
+        raise SystemExit(f"no container {args.container}: run `make demo` first "
+                         "(or give --inventory, --host and --container)")
+    if not args.skip_site:
+        site_rerun(args)
+    if not args.skip_image:
+        image_cache(args)
+    if not args.skip_start:
+        cold_start(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
