@@ -1,0 +1,12 @@
+"""Runtime container on a node without network: the image came from the bundle, one container per card."""
+
+from __future__ import annotations
+
+testinfra_hosts = ["air"]
+
+
+def test_the_image_was_loaded_from_the_bundle_and_runs_once_per_card(host):
+    loaded = host.check_output("docker image ls --format '{{.Repository}}:{{.Tag}}'").split()
+    assert "dcu-serving/vllm-sim:0.11.0" in loaded
+    assert host.file("/var/lib/dcu-serving/bundle/images/dcu-serving_vllm-sim_0.11.0.tar").exists
+    assert sorted(host.check_output("docker ps --format '{{.Names}}'").split()) == ["vllm-0", "vllm-1"]
