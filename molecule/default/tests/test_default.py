@@ -103,6 +103,16 @@ def test_check_mode_on_the_converged_node_changes_nothing(host, run_playbook, re
     assert recap(out, "node")["changed"] == 0, out[-3000:]
 
 
+def test_a_missing_model_fails_before_anything_changes(host, run_playbook, recap, unit):
+    started = unit(host, "vllm@0", "ExecMainStartTimestampMonotonic")
+    rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_model_dir": "/srv/models/absent"})
+    assert rc != 0
+    assert "/srv/models/absent/config.json does not exist" in out and "weights never ship in the bundle" in out
+    assert recap(out, "node")["changed"] == 0
+    assert host.file("/etc/systemd/system/vllm@.service").contains("/srv/models/MiniCPM-V-4.5")
+    assert unit(host, "vllm@0", "ExecMainStartTimestampMonotonic") == started
+
+
 def test_a_killed_container_is_brought_back_by_systemd(host, unit, dcu_module):
     restarts = int(unit(host, "vllm@5", "NRestarts"))
     old_id = host.check_output("docker inspect --format={{.Id}} vllm-5")
