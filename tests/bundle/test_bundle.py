@@ -8,12 +8,14 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dcu_serving.bundle import cli
 from dcu_serving.bundle.build import BuildError, expand_platforms
 from dcu_serving.bundle.checksum import ChecksumCache
 from dcu_serving.bundle.manifest import ManifestError, parse
 from dcu_serving.bundle.verify import verify
+from support import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -136,3 +138,13 @@ def test_manylinux_request_covers_older_glibc_wheels():
     for tag in ("manylinux_2_36_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"):
         assert tag in tags
     assert "manylinux_2_37_x86_64" not in tags
+
+
+def test_demo_manifest_pins_what_the_vendor_builder_makes(tmp_path):
+    """The demo's pinned vendor sums match a fresh build: a stale pin would fail `make bundle` on a clean clone."""
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "build-vendor-artifacts"), "--out", str(tmp_path)],
+                         check=True, capture_output=True, text=True).stdout
+    built = {line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in out.splitlines() if line.strip()}
+    demo = yaml.safe_load((REPO / "inventories/demo/group_vars/all/bundle.yml").read_text())
+    pinned = {f["src"].rsplit("/", 1)[-1]: f["sha256"] for f in demo["dcu_bundle_manifest"]["files"]}
+    assert pinned == built
