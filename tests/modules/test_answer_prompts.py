@@ -25,6 +25,7 @@ ask() { printf '%s ' "$1" >&2; IFS= read -r a || { echo "no answer to $1"; exit 
 case "$ORDER" in
   vbios-first) ask 'Update vbios? [y/N]:'; ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
   legacy-only) ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
+  quoted) echo "skipping 'Update vbios? [y/N]:' on this card"; ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
   none) ;;
   unknown) ask 'Accept the license? (yes/no):' ;;
 esac
@@ -33,11 +34,11 @@ echo "Install successful. Enjoy now!"
 """
 
 
-def _run(tmp_path, order, online="8", timeout=30, prompt_idle=1):
+def _run(tmp_path, order, online="8", timeout=30, prompt_idle=1, prompts=PROMPTS):
     installer = tmp_path / "rock.run"
     installer.write_text(INSTALLER)
     log = tmp_path / "log" / "install.log"
-    spec = {"prompts": PROMPTS, "expect": EXPECT, "log": str(log), "timeout": timeout,
+    spec = {"prompts": prompts, "expect": EXPECT, "log": str(log), "timeout": timeout,
             "prompt_idle": prompt_idle}
     proc = subprocess.run([sys.executable, str(ANSWERER), "--spec", json.dumps(spec), "--", "sh", str(installer)],
                           capture_output=True, text=True, timeout=60, env={"ORDER": order, "ONLINE": online,
@@ -69,3 +70,12 @@ def test_card_missing_fails_the_success_check(tmp_path):
     proc, _log = _run(tmp_path, "none", online="7")
     assert proc.returncode == 3
     assert "did not print" in proc.stderr and "total num" in proc.stderr
+
+
+def test_only_the_question_being_asked_is_answered(tmp_path):
+    """Prompt text in a finished line (a log, an echo) is not a question: answering it would feed the
+    next real question the wrong answer."""
+    # vbios first in the list: a search of the whole output would find the quoted one before the question
+    proc, _ = _run(tmp_path, "quoted", prompts=PROMPTS[::-1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "remove legacy hymgr config file? [Y/n]: -> y" in proc.stdout

@@ -53,11 +53,13 @@ def run(command, prompts, timeout, prompt_idle, transcript):
             sys.stdout.write(text)
             pending += text
             last_output = now
+            # Answer only the line the installer is waiting at: the unterminated last line. Prompt
+            # text earlier in the output (a log of an earlier answer, say) must not be answered again.
+            waiting_at = pending.rsplit("\n", 1)[-1]
             for pattern, answer in compiled:
-                match = pattern.search(pending)
-                if match:
+                if pattern.search(waiting_at):
                     os.write(master, (answer + "\n").encode())
-                    pending = pending[match.end():]
+                    pending = ""
                     break
             pending = pending[-4096:]
         elif proc.poll() is not None:
