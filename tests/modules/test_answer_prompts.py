@@ -25,7 +25,8 @@ ask() { printf '%s ' "$1" >&2; IFS= read -r a || { echo "no answer to $1"; exit 
 case "$ORDER" in
   vbios-first) ask 'Update vbios? [y/N]:'; ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
   legacy-only) ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
-  quoted) echo "skipping 'Update vbios? [y/N]:' on this card"; ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
+  quoted) echo "skipping 'Update vbios? [y/N]:' on this card"
+          ask 'Do you want to remove legacy hymgr config file? [Y/n]:' ;;
   none) ;;
   unknown) ask 'Accept the license? (yes/no):' ;;
 esac
