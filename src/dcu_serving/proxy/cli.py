@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
 from . import config as configuration
+
+try:  # libuv's event loop: about 20% less CPU per proxied request (bench/proxy_overhead.py)
+    from uvloop import run
+except ImportError:  # a platform without uvloop wheels still works, on asyncio's own loop
+    from asyncio import run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,7 +51,7 @@ def main(argv=None) -> int:
     from .server import serve  # aiohttp is imported only when serving
 
     try:
-        asyncio.run(serve(config, load))
+        run(serve(config, load))
     except configuration.ConfigError as e:
         print(f"dcu-proxy: configuration error: {e}", file=sys.stderr)
         return 2
