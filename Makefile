@@ -24,7 +24,7 @@ venv: $(BIN)/.stamp  ## create .venv with the pinned toolchain and dcu-serving (
 
 lint: venv  ## ansible-lint (production profile), yamllint, ruff
 	$(BIN)/yamllint -s .
-	$(BIN)/ruff check src tests tools bench plugins
+	$(BIN)/ruff check src tests tools bench plugins molecule
 	$(BIN)/ansible-lint --profile production
 
 unit: venv  ## pytest: modules, proxy, client, simulator, bundle

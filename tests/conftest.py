@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from support import SERVED_MODEL, ServerProcess, free_port, python_module
+from support import SERVED_MODEL, Proxy, ServerProcess, free_port, make_proxy, python_module, wait_until
 
 
 @pytest.fixture
@@ -29,3 +29,24 @@ def start_sim(tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def start_proxy(tmp_path):
+    """start_proxy([sim.url, ...], healthy=N, backend_concurrency=2, ...) -> Proxy, listening.
+
+    Backends may be down; with `healthy`, wait until the proxy counts that many healthy backends.
+    """
+    started: list[Proxy] = []
+
+    def start(backends: list[str], healthy: int | None = None, **settings) -> Proxy:
+        proxy = make_proxy(tmp_path, backends, **settings)
+        started.append(proxy)
+        proxy.start(ready_path="/__lb_status")
+        if healthy is not None:
+            wait_until(lambda: proxy.lb_status()["healthy"] >= healthy, 15, what=f"{healthy} healthy backends")
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 SERVED_MODEL = "MiniCPM-V-4.5"
+# Simulator timing for tests: a little thinking, a short answer, milliseconds per token.
+FAST_SIM = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--sim-itl-jitter", "0",
+            "--sim-think-tokens", "12", "--sim-answer-tokens", "10")
+# Proxy health checks quick enough for tests that wait for a card to be ejected or re-admitted.
+FAST_HEALTH = {"interval": 0.2, "timeout": 0.2}
 
 
 def free_port() -> int:
@@ -92,3 +103,90 @@ class ServerProcess:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def sse(response: requests.Response) -> list:
+    """The `data:` payloads of a stream: dicts, and the string "[DONE]"."""
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+        else:
+            assert line == "", f"unexpected SSE line {line!r}"
+    return events
+
+
+class Proxy(ServerProcess):
+    """dcu-proxy started from a YAML file as `python -m dcu_serving.proxy --config FILE`."""
+
+    config_path: Path
+    results_path: Path
+    admin_port: int
+    backends: list
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def chat(self, payload, timeout: float = 30, headers: dict | None = None, **kw) -> requests.Response:
+        data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
+        return requests.post(self.url + "/v1/chat/completions", data=data, timeout=timeout,
+                             headers={"Content-Type": "application/json", **(headers or {})}, **kw)
+
+    def lb_status(self) -> dict:
+        return requests.get(self.url + "/__lb_status", timeout=5).json()
+
+    def backend(self, sim: ServerProcess) -> dict:
+        return next(b for b in self.lb_status()["backends"] if b["url"] == sim.url)
+
+    def results(self, count: int | None = None, timeout: float = 5) -> list[dict]:
+        """The results log's records; with `count`, wait until that many are written."""
+        def read():
+            if not self.results_path.exists():
+                return []
+            text = self.results_path.read_text()
+            assert text == "" or text.endswith("\n"), "the results log ends with a partial line"
+            return [json.loads(line) for line in text.splitlines()]
+
+        if count is not None:
+            wait_until(lambda: len(read()) >= count, timeout, what=f"{count} lines in the results log")
+        return read()
+
+    def settled_results(self, orid: str) -> list[dict]:
+        """The orid's records once every earlier request's record is written.
+
+        The proxy writes the log off its event loop, in order: a marker request (a cheap 400) that
+        shows up in the log proves that everything sent before it is there too.
+        """
+        marker = f"marker-{uuid.uuid4().hex}"
+        self.chat({"model": "no-such-model", "messages": [], "user": marker}, timeout=5)
+        wait_until(lambda: any(r["orid"] == marker for r in self.results()), 10,
+                   what="the marker line in the results log")
+        return [r for r in self.results() if r["orid"] == orid]
+
+    def rewrite_config(self, **settings):
+        config = yaml.safe_load(self.config_path.read_text())
+        config.update(settings)
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def signal(self, sig: int = signal.SIGHUP):
+        self.proc.send_signal(sig)
+
+
+def make_proxy(tmp_path: Path, backends: list[str], **settings) -> Proxy:
+    port = free_port()
+    admin_port = free_port()
+    results = tmp_path / f"results-{port}.jsonl"
+    config = {"listen": f"127.0.0.1:{port}", "backends": backends, "models": [SERVED_MODEL],
+              "results_log": str(results), "admin": {"listen": f"127.0.0.1:{admin_port}"},
+              "health": {"interval": 0.5, "timeout": 0.4}, **settings}
+    path = tmp_path / f"proxy-{port}.yml"
+    path.write_text(yaml.safe_dump(config))
+    proxy = Proxy(python_module("dcu_serving.proxy", "--config", str(path)), port,
+                  log=tmp_path / f"proxy-{port}.log")
+    proxy.config_path = path
+    proxy.results_path = results
+    proxy.admin_port = admin_port
+    proxy.backends = list(backends)
+    return proxy

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 from aiohttp import web
-from client.kit import FAST
 from PIL import Image
 
 from dcu_serving.client import (
@@ -26,7 +25,7 @@ from dcu_serving.client import (
     recognize,
     recognize_stream,
 )
-from support import SERVED_MODEL, free_port, wait_until
+from support import FAST_HEALTH, FAST_SIM, SERVED_MODEL, free_port, wait_until
 
 
 def png(size=(64, 48), color="red") -> bytes:
@@ -94,12 +93,13 @@ def test_bad_request_is_not_retried(service, photo):
 
 def test_503_is_retried_until_a_card_comes_back(start_sim, start_proxy, photo):
     port = free_port()
-    service = start_proxy([f"http://127.0.0.1:{port}"], wait_healthy=0)
+    service = start_proxy([f"http://127.0.0.1:{port}"], health=FAST_HEALTH)
     sims = []
 
     def bring_card_back_after_first_503():
-        wait_until(lambda: service.results("retry-me"), 20, what="the first 503 in the results log")
-        sims.append(start_sim(*FAST, port=port))
+        wait_until(lambda: any(r["orid"] == "retry-me" for r in service.results()), 20,
+                   what="the first 503 in the results log")
+        sims.append(start_sim(*FAST_SIM, port=port))
 
     helper = threading.Thread(target=bring_card_back_after_first_503)
     helper.start()
@@ -113,7 +113,7 @@ def test_503_is_retried_until_a_card_comes_back(start_sim, start_proxy, photo):
 
 
 def test_503_retries_are_bounded(start_proxy, photo):
-    service = start_proxy([f"http://127.0.0.1:{free_port()}"], wait_healthy=0)
+    service = start_proxy([f"http://127.0.0.1:{free_port()}"])
     client = Client(service.url, retry=Retry(attempts=3, backoff_s=0.01, max_backoff_s=0.05))
     with pytest.raises(ServiceUnavailable) as caught:
         client.recognize(photo, orid="never")
@@ -123,7 +123,7 @@ def test_503_retries_are_bounded(start_proxy, photo):
 
 def test_client_timeout_is_a_timeout(start_sim, start_proxy, photo, monkeypatch):
     slow = start_sim("--sim-ttft-ms", "3000")
-    service = start_proxy([slow.url])
+    service = start_proxy([slow.url], healthy=1)
     monkeypatch.setattr(api, "_warned_short_timeout", False)
     with pytest.warns(UserWarning, match="shorter than the 120s"):
         client = Client(service.url, timeout=0.5)
@@ -134,7 +134,7 @@ def test_client_timeout_is_a_timeout(start_sim, start_proxy, photo, monkeypatch)
 def test_check_service_counts_healthy_cards(service, start_sim):
     ok, summary, ids = check_service(service.url)
     assert (ok, summary, sorted(ids)) == (True, "2/2", sorted(host_port(u) for u in service.backends))
-    service.proxy.stop()
+    service.stop()
     assert check_service(service.url) == (False, "0/0", [])
 
 
@@ -181,7 +181,7 @@ def sent_image(body: dict, n: int = 0) -> tuple[str, Image.Image]:
 
 def test_what_reaches_the_card(capture_backend, start_proxy, tmp_path):
     url, seen = capture_backend
-    service = start_proxy([url])
+    service = start_proxy([url], healthy=1)
     jpg_named_png = tmp_path / "scan.jpg"
     jpg_named_png.write_bytes(png())
     strip = png(size=(1000, 100), color="black")
@@ -212,7 +212,7 @@ def test_cli_answers_and_exit_codes(service, photo, start_proxy):
     bad = run_cli(str(photo), "--model", "nope", "--url", service.url)
     assert bad.returncode == 3 and "BadRequestError" in bad.stderr
 
-    down = start_proxy([f"http://127.0.0.1:{free_port()}"], wait_healthy=0)
+    down = start_proxy([f"http://127.0.0.1:{free_port()}"])
     assert run_cli("--check", "--url", down.url).returncode == 4
     notimage = photo.with_suffix(".txt")
     notimage.write_text("hello")
@@ -220,8 +220,8 @@ def test_cli_answers_and_exit_codes(service, photo, start_proxy):
 
 
 def test_cli_check_reports_degraded(service, start_sim, start_proxy):
-    live = start_sim(*FAST)
-    degraded = start_proxy([live.url, f"http://127.0.0.1:{free_port()}"], wait_healthy=1)
+    live = start_sim(*FAST_SIM)
+    degraded = start_proxy([live.url, f"http://127.0.0.1:{free_port()}"], healthy=1)
     out = run_cli("--check", "--url", degraded.url)
     assert out.returncode == 1 and out.stdout.startswith("healthy 1/2")
 

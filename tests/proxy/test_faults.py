@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import requests
-from proxy.proxytools import FAST, body, slow, sse, start_sims
+from proxy.proxytools import FAST, body, slow, start_sims
 
-from support import wait_until
+from support import sse, wait_until
 
 
 def name(sim) -> str:

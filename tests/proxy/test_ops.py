@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from proxy.proxytools import FAST, body, slow, sse, start_sims
+from proxy.proxytools import FAST, body, slow, start_sims
 
 from dcu_serving.proxy.results import FIELDS
-from support import wait_until
+from support import sse, wait_until
 
 
 def name(sim) -> str:

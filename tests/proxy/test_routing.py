@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from proxy.proxytools import FAST, body, slow, sse, start_sims
+from proxy.proxytools import FAST, body, slow, start_sims
 
-from support import SERVED_MODEL, wait_until
+from support import SERVED_MODEL, sse, wait_until
 
 
 def running(sim) -> float:

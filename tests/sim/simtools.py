@@ -12,10 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support import SERVED_MODEL
 
-# Short thinking and answers, millisecond timing: each request takes well under a second.
-FAST = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--sim-itl-jitter", "0",
-        "--sim-think-tokens", "12", "--sim-answer-tokens", "10")
-
 
 def body(text: str = "Read the text in this picture.", images: int = 0, **extra) -> dict:
     content = [{"type": "text", "text": text}] + [
@@ -34,18 +30,6 @@ def chat(server, payload, timeout: float = 10, headers: dict | None = None, **kw
     data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
     return requests.post(server.url + "/v1/chat/completions", data=data, timeout=timeout,
                          headers={"Content-Type": "application/json", **(headers or {})}, **kw)
-
-
-def sse(response: requests.Response) -> list:
-    """The `data:` payloads of a stream: dicts, and the string "[DONE]"."""
-    events = []
-    for line in response.iter_lines(decode_unicode=True):
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-        else:
-            assert line == "", f"unexpected SSE line {line!r}"
-    return events
 
 
 def content_of(events: list) -> str:

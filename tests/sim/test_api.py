@@ -7,9 +7,9 @@ import time
 import openai
 import pytest
 import requests
-from sim.simtools import FAST, body, chat, content_of, metric, metrics, png_uri, sse
+from sim.simtools import body, chat, content_of, metric, metrics, png_uri
 
-from support import SERVED_MODEL
+from support import FAST_SIM, SERVED_MODEL, sse
 
 # --- service endpoints ---------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ def test_output_is_deterministic_per_request(sim):
 
 
 def test_seed_flag_changes_the_text(start_sim, sim):
-    other = start_sim(*FAST, "--sim-seed", "99")
+    other = start_sim(*FAST_SIM, "--sim-seed", "99")
     assert answer(other)["choices"][0]["message"]["content"] != answer(sim)["choices"][0]["message"]["content"]
 
 
@@ -171,7 +171,7 @@ def test_thinking_block_and_its_switch(sim):
 
 
 def test_reasoning_parser_moves_thinking_out_of_content(start_sim):
-    server = start_sim(*FAST, "--reasoning-parser", "qwen3")
+    server = start_sim(*FAST_SIM, "--reasoning-parser", "qwen3")
     message = answer(server)["choices"][0]["message"]
     assert "<think>" not in message["content"] and message["content"]
     assert message["reasoning_content"] and "<think>" not in message["reasoning_content"]
@@ -197,7 +197,7 @@ def test_prompt_tokens_grow_with_text_and_images(sim):
 
 
 def test_images_add_to_time_to_first_token(start_sim):
-    server = start_sim(*FAST, "--sim-image-ms", "400")
+    server = start_sim(*FAST_SIM, "--sim-image-ms", "400")
 
     def ttft(images):
         start = time.monotonic()

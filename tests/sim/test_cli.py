@@ -7,9 +7,9 @@ import socket
 import subprocess
 
 import requests
-from sim.simtools import FAST, body, chat
+from sim.simtools import body, chat
 
-from support import free_port, python_module, wait_until
+from support import FAST_SIM, free_port, python_module, wait_until
 
 ROLE_FLAGS = (  # what the dcu_vllm role renders for a real card
     "--gpu-memory-utilization", "0.9", "--trust-remote-code", "--dtype", "bfloat16",
@@ -21,7 +21,7 @@ ROLE_FLAGS = (  # what the dcu_vllm role renders for a real card
 
 
 def test_vllm_flags_are_accepted_and_ignored_with_one_warning(start_sim):
-    server = start_sim(*FAST, "--max-num-seqs", "4", "--max-model-len", "8192",
+    server = start_sim(*FAST_SIM, "--max-num-seqs", "4", "--max-model-len", "8192",
                        "--limit-mm-per-prompt", '{"image": 1}', *ROLE_FLAGS)
     assert requests.get(server.url + "/v1/models", timeout=5).json()["data"][0]["max_model_len"] == 8192
     assert chat(server, body(images=2)).json()["error"]["message"].startswith("At most 1 image(s)")
@@ -66,7 +66,7 @@ def refused(port: int) -> bool:
 
 
 def test_nothing_listens_while_the_model_loads(start_sim):
-    server = start_sim(*FAST, "--sim-load-seconds", "3", wait=False)
+    server = start_sim(*FAST_SIM, "--sim-load-seconds", "3", wait=False)
     wait_until(lambda: "loading model weights" in server.tail(), 10, what="load started")
     assert refused(server.port)
     assert server.proc.poll() is None
@@ -84,7 +84,7 @@ def test_knobs_from_the_environment(start_sim):
 
 
 def test_sigterm_stops_it_even_while_loading(start_sim):
-    server = start_sim(*FAST, "--sim-load-seconds", "60", wait=False)
+    server = start_sim(*FAST_SIM, "--sim-load-seconds", "60", wait=False)
     wait_until(lambda: "loading model weights" in server.tail(), 10, what="load started")
     server.proc.terminate()
     assert server.proc.wait(5) == 0

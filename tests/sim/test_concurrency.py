@@ -8,12 +8,12 @@ import socket
 
 import aiohttp
 import requests
-from sim.simtools import FAST, body, metric
+from sim.simtools import body, metric
 
-from support import wait_until
+from support import FAST_SIM, wait_until
 
 # Slow enough to watch: ~40 tokens at 25 ms = 1 s per request.
-SLOW = (*FAST, "--sim-itl-ms", "25", "--sim-answer-tokens", "40", "--max-num-seqs", "2")
+SLOW = (*FAST_SIM, "--sim-itl-ms", "25", "--sim-answer-tokens", "40", "--max-num-seqs", "2")
 
 
 def gauges(server) -> tuple[float, float]:

@@ -6,9 +6,9 @@ import time
 
 import pytest
 import requests
-from sim.simtools import FAST, body, chat, sse
+from sim.simtools import body, chat
 
-from support import http_status, wait_until
+from support import FAST_SIM, http_status, sse, wait_until
 
 
 def inject(server, **fault) -> dict:
@@ -43,7 +43,7 @@ def test_fail_first_n_then_recover(sim):
 
 
 def test_slow_multiplies_latency(start_sim):
-    server = start_sim(*FAST, "--sim-ttft-ms", "100")
+    server = start_sim(*FAST_SIM, "--sim-ttft-ms", "100")
 
     def duration():
         start = time.monotonic()
@@ -93,7 +93,7 @@ def test_crash_mid_stream_cuts_the_stream(sim):
 
 
 def test_faults_from_the_command_line(start_sim):
-    server = start_sim(*FAST, "--sim-fault", "unhealthy,fail_first:count=1", wait=False)
+    server = start_sim(*FAST_SIM, "--sim-fault", "unhealthy,fail_first:count=1", wait=False)
     wait_until(lambda: http_status(server.url + "/version") == 200, 15, what="simulator listening")
     assert http_status(server.url + "/health") == 503
     assert chat(server, body(max_tokens=2)).status_code == 500
@@ -101,12 +101,12 @@ def test_faults_from_the_command_line(start_sim):
 
 
 def test_faults_from_the_environment(start_sim):
-    server = start_sim(*FAST, env={"DCU_SIM_FAULT": "error:status=502"})
+    server = start_sim(*FAST_SIM, env={"DCU_SIM_FAULT": "error:status=502"})
     assert chat(server, body(max_tokens=2)).status_code == 502
 
 
 def test_crash_at_start_after_a_delay(start_sim):
-    server = start_sim(*FAST, "--sim-fault", "crash:after_s=0.5")
+    server = start_sim(*FAST_SIM, "--sim-fault", "crash:after_s=0.5")
     assert exited(server) == 1
 
 

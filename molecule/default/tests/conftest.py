@@ -2,49 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+import testkit  # molecule/_shared, put on the path above
+
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "default")
-
-
-def _run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, timeout: int = 900):
-    """ansible-playbook playbooks/<playbook> against the scenario's nodes; returns (rc, output)."""
-    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
-    argv = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", str(inventory),
-            str(PROJECT / "playbooks" / playbook), *args]
-    if extra_vars:
-        argv += ["-e", json.dumps(extra_vars)]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=PROJECT)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def _recap(output: str, host: str) -> dict:
-    """{'ok': N, 'changed': N, ...} from the PLAY RECAP line of `host` (summed over the plays)."""
-    total: dict = {}
-    for line in output.splitlines():
-        if line.startswith(host + " ") and "ok=" in line:
-            for field in line.split(":", 1)[1].split():
-                key, value = field.split("=")
-                total[key] = total.get(key, 0) + int(value)
-    if not total:
-        raise AssertionError(f"no PLAY RECAP line for {host} in:\n{output[-3000:]}")
-    return total
-
-
-def _module(host, name: str, **args) -> dict:
-    """Run a dcu.serving module on the node through Ansible; a failure is returned, not raised."""
-    try:
-        return host.ansible(name, " ".join(f"{k}={v}" for k, v in args.items()), check=False, become=True)
-    except host.ansible.AnsibleException as exc:
-        return exc.result
 
 
 def _unit_property(host, unit: str, prop: str) -> str:
@@ -80,19 +48,19 @@ def image_file(tmp_path):
 @pytest.fixture(scope="session")
 def run_playbook():
     """run_playbook("serving.yml", "--check", extra_vars={...}) -> (rc, output)."""
-    return _run_playbook
+    return testkit.run_playbook
 
 
 @pytest.fixture(scope="session")
 def recap():
     """recap(output, "node") -> the PLAY RECAP counters of that host."""
-    return _recap
+    return testkit.recap
 
 
 @pytest.fixture(scope="session")
 def dcu_module():
     """dcu_module(host, "dcu.serving.cluster_health", expected=8) -> the module's result."""
-    return _module
+    return testkit.module
 
 
 @pytest.fixture(scope="session")

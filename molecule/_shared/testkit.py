@@ -1,0 +1,49 @@
+"""What the scenarios' testinfra checks share: playbooks run as an operator runs them, the recap they
+print, and dcu.serving modules run on a node. Imported by each scenario's tests/conftest.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
+
+
+def run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, timeout: int = 900):
+    """ansible-playbook playbooks/<playbook> against the scenario's inventory; returns (rc, output)."""
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    argv = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", str(inventory),
+            str(PROJECT / "playbooks" / playbook), *args]
+    if extra_vars:
+        argv += ["-e", json.dumps(extra_vars)]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=PROJECT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def recap(output: str, host: str) -> dict:
+    """{'ok': N, 'changed': N, 'failed': N, ...} from the PLAY RECAP lines of `host`, summed over plays."""
+    total: dict = {}
+    for line in output.splitlines():
+        if line.startswith(host + " ") and "ok=" in line:
+            for field in line.split(":", 1)[1].split():
+                key, value = field.split("=")
+                total[key] = total.get(key, 0) + int(value)
+    if not total:
+        raise AssertionError(f"no PLAY RECAP line for {host} in:\n{output[-3000:]}")
+    return total
+
+
+def module(host, name: str, **args) -> dict:
+    """Run a dcu.serving module on the node through Ansible (testinfra); a failure is returned, not raised.
+
+    The result file of `ansible --tree` may lack the "failed" key, so tests assert on what the module
+    reports (msg, problems), not on that flag.
+    """
+    try:
+        return host.ansible(name, " ".join(f"{k}={v}" for k, v in args.items()), check=False, become=True)
+    except host.ansible.AnsibleException as exc:
+        return exc.result
