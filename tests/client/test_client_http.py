@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 
+import openai
 import pytest
 from aiohttp import web
 from PIL import Image
@@ -227,7 +228,6 @@ def test_cli_check_reports_degraded(service, start_sim, start_proxy):
 
 
 def test_openai_sdk_works_unchanged(service, photo):
-    openai = pytest.importorskip("openai")  # in requirements/dev.txt: never skipped in make unit
     client = openai.OpenAI(base_url=service.url + "/v1", api_key="unused", timeout=120)
     uri = "data:image/png;base64," + base64.b64encode(photo.read_bytes()).decode()
     messages = [{"role": "user", "content": [
