@@ -40,7 +40,7 @@ vendor: venv  ## emulated vendor artifacts (rock .run, DTK) into build/vendor/, 
 	tools/build-vendor-artifacts
 
 bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (playbooks/bundle.yml)
-	if [ -x tools/build-sim-image ]; then tools/build-sim-image >/dev/null; fi
+	tools/build-sim-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
 molecule: venv images bundle  ## every molecule scenario
