@@ -1,11 +1,13 @@
 """The fresh node was never converged: check mode, a corrupted bundle and a missing prerequisite.
 
-Each case must stop before touching the host, so the node stays fresh for the next one.
+Each case must stop before touching the host, so the node stays fresh for the next one — but the last,
+which converges it with a standalone hyhal in the bundle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 testinfra_hosts = ["fresh"]
@@ -70,3 +72,30 @@ def test_missing_prerequisites_are_listed_by_package(host, run_drivers):
     assert rc != 0
     assert f"The rock driver build needs packages this host lacks: cmake linux-headers-{kernel}." in out
     _untouched(host)
+
+
+def test_a_standalone_hyhal_in_the_bundle_goes_over_the_drivers(host, run_drivers, recap, bundle_dir, tmp_path):
+    """Last: it converges the node. The prerequisite check stays off (the case above removed cmake)."""
+    kernel = host.check_output("uname -r")
+    host.run_expect([0], f"mv /lib/modules/{kernel}/build/Makefile.away /lib/modules/{kernel}/build/Makefile")
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, bundle, ignore=shutil.ignore_patterns("images", "wheels", "collections"))
+    tarball = bundle_dir.parent / "vendor" / "hyhal" / "hyhal-2.4.1-x86_64.tar.gz"  # tools/build-vendor-artifacts
+    (bundle / "hyhal").mkdir()
+    shutil.copy(tarball, bundle / "hyhal" / tarball.name)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    index = json.loads((bundle / "index.json").read_text())
+    index["artifacts"].append({"name": "hyhal", "kind": "hyhal", "version": "2.4.1", "file": f"hyhal/{tarball.name}",
+                               "sha256": digest, "size": tarball.stat().st_size})
+    (bundle / "index.json").write_text(json.dumps(index))
+    settings = {"dcu_bundle_dir": str(bundle), "dcu_driver_check_prerequisites": False}
+
+    rc, out = run_drivers("fresh", extra_vars=settings)
+    assert rc == 0, out[-3000:]
+    assert host.file("/opt/hyhal/.info/version").content_string.strip() == "2.4.1"
+    assert host.file("/opt/hyhal/.dcu-serving-hyhal").content_string.split() == [
+        f"hyhal/{tarball.name}", f"sha256:{digest}", "over", "rock", "6.3.30-V1.4.1a"]
+    assert "HCU" in host.check_output("/opt/hyhal/bin/hy-smi")
+
+    rc, out = run_drivers("fresh", extra_vars=settings)
+    assert rc == 0 and recap(out, "fresh")["changed"] == 0, out[-3000:]
