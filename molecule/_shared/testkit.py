@@ -1,5 +1,6 @@
 """What the scenarios' testinfra checks share: playbooks run as an operator runs them, the recap they
-print, and dcu.serving modules run on a node. Imported by each scenario's tests/conftest.py."""
+print, and dcu.serving modules run on a node. Imported by each scenario's tests/conftest.py, which also
+imports the fixtures at the end (`recap`, `dcu_module`) to offer them to its tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
 
@@ -47,3 +50,15 @@ def module(host, name: str, **args) -> dict:
         return host.ansible(name, " ".join(f"{k}={v}" for k, v in args.items()), check=False, become=True)
     except host.ansible.AnsibleException as exc:
         return exc.result
+
+
+@pytest.fixture(name="recap", scope="session")
+def recap_fixture():
+    """recap(output, "node") -> the PLAY RECAP counters of that host."""
+    return recap
+
+
+@pytest.fixture(scope="session")
+def dcu_module():
+    """dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=...) -> the module's result."""
+    return module

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 import testkit  # molecule/_shared, put on the path above
+from testkit import dcu_module, recap_fixture  # noqa: F401  (fixtures for the tests)
 
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "default")
 
@@ -49,18 +50,6 @@ def image_file(tmp_path):
 def run_playbook():
     """run_playbook("serving.yml", "--check", extra_vars={...}) -> (rc, output)."""
     return testkit.run_playbook
-
-
-@pytest.fixture(scope="session")
-def recap():
-    """recap(output, "node") -> the PLAY RECAP counters of that host."""
-    return testkit.recap
-
-
-@pytest.fixture(scope="session")
-def dcu_module():
-    """dcu_module(host, "dcu.serving.cluster_health", expected=8) -> the module's result."""
-    return testkit.module
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 import testkit  # molecule/_shared, put on the path above
+from testkit import dcu_module, recap_fixture  # noqa: F401  (fixtures for the tests)
 
 BUNDLE = testkit.PROJECT / "build" / "bundle"
 DRIVER_VERSION = "6.3.30-V1.4.1a"
@@ -37,15 +38,3 @@ def bundle_index():
 def run_drivers():
     """run_drivers("legacy", "--check", extra_vars={...}) -> (rc, output) of playbooks/drivers.yml."""
     return _run_drivers
-
-
-@pytest.fixture(scope="session")
-def recap():
-    """recap(output, "legacy") -> the PLAY RECAP counters of that host."""
-    return testkit.recap
-
-
-@pytest.fixture(scope="session")
-def dcu_module():
-    """dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=...) -> the module's result."""
-    return testkit.module
