@@ -175,7 +175,9 @@ def test_own_endpoints(start_sim, start_proxy):
     assert requests.get(proxy.url + "/health", timeout=5).status_code == 200
     r = requests.get(proxy.url + "/v1/nothing", timeout=5)
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
-    assert requests.get(proxy.url + "/v1/chat/completions", timeout=5).status_code == 405
+    r = requests.get(proxy.url + "/v1/chat/completions", timeout=5)
+    assert r.status_code == 405 and r.headers["Allow"] == "POST"
+    assert requests.head(proxy.url + "/__lb_status", timeout=5).status_code == 200
 
     proxy.chat(body())
     proxy.chat(body(user=5))
@@ -187,6 +189,9 @@ def test_own_endpoints(start_sim, start_proxy):
     assert requests_by_status == {"200": 2.0, "400": 1.0}
     assert any(s.value == 1 for s in families["dcu_proxy_time_to_first_token_seconds"].samples
                if s.name.endswith("_count"))
+    latency = {s.name.rsplit("_", 1)[1]: s.value for s in families["dcu_proxy_request_duration_seconds"].samples
+               if s.labels.get("le") in (None, "+Inf")}
+    assert latency["count"] == latency["bucket"] == 3 and 0 < latency["sum"] < 10
     assert [s.value for s in families["dcu_proxy_backend_healthy"].samples] == [1.0]
     assert [s.labels["backend"] for s in families["dcu_proxy_backend_active"].samples] == [f"127.0.0.1:{sim.port}"]
     assert "dcu_proxy_queue_depth" in families and "dcu_proxy_request_duration_seconds" in families

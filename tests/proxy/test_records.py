@@ -1,0 +1,70 @@
+"""The cheap paths behind every request's record: timestamps, answer scanning, histograms."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timezone
+
+import pytest
+
+from dcu_serving.proxy.metrics import Histogram
+from dcu_serving.proxy.results import _line, _timestamp
+from dcu_serving.proxy.server import _note_answer, new_request_id
+
+
+@pytest.mark.parametrize("t", [0.0, 1.9995, 1.9999996, 232974087.0129997, 1795964965.9999999])
+def test_timestamps_are_what_datetime_writes(t):
+    assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def test_timestamps_agree_with_datetime_across_many_seconds():
+    rng = random.Random(4711)
+    for _ in range(20000):
+        t = rng.uniform(0, 4e9)
+        assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def test_a_line_is_one_json_object_with_an_iso_time():
+    line = _line({"time": 0.25, "orid": 'quote " and \u00e9', "error": None})
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line) == {"time": "1970-01-01T00:00:00.250+00:00", "orid": 'quote " and \u00e9', "error": None}
+
+
+def note(body: bytes, status: int = 200) -> dict:
+    rec = {"finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "error": None}
+    _note_answer(body, status, rec)
+    return rec
+
+
+def test_answer_fields_are_read_without_parsing_the_whole_answer():
+    answer = {"choices": [{"message": {"content": 'the text says "finish_reason": "evil", "usage": {}'},
+                           "finish_reason": "length"},
+                          {"message": {"content": "second"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 13, "completion_tokens": 6, "total_tokens": 19}}
+    for text in (json.dumps(answer), json.dumps(answer, separators=(",", ":")), json.dumps(answer, indent=2)):
+        assert note(text.encode()) == {"finish_reason": "length", "prompt_tokens": 13, "completion_tokens": 6,
+                                       "error": None}
+
+
+def test_answers_without_the_fields_leave_them_empty():
+    assert note(b"<html>busy</html>")["finish_reason"] is None
+    assert note(b'{"choices": [], "usage": null}') == {"finish_reason": None, "prompt_tokens": None,
+                                                      "completion_tokens": None, "error": None}
+    assert note(b'{"error": {"message": "no such model"}}', 404)["error"] == "no such model"
+    assert note(b"upstream exploded", 500)["error"] == "upstream exploded"
+
+
+def test_histogram_buckets_are_inclusive_upper_bounds():
+    h = Histogram("h", "test", (0.1, 1))
+    for value in (0.05, 0.1, 0.5, 1, 7):
+        h.observe(value)
+    buckets = {b.labels["le"]: b.value for b in h.family().samples if b.name == "h_bucket"}
+    assert buckets == {"0.1": 2, "1.0": 4, "+Inf": 5}
+    assert h.sum == pytest.approx(8.65)
+
+
+def test_request_ids_are_unique_hex_of_uuid_length():
+    ids = {new_request_id() for _ in range(10000)}
+    assert len(ids) == 10000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
