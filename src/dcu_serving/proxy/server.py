@@ -159,19 +159,31 @@ class Proxy:
                "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
                "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
         try:
-            return await self._proxy(request, rid, generated, rec, t0)
-        except ProxyError as e:
-            rec["status"] = e.status
-            rec["error"] = e.message
-            return self.error_response(e, rid, rec["backend"] or SELF)
+            try:
+                response = await self._proxy(request, rid, generated, rec, t0)
+            except ProxyError as e:
+                rec["status"] = e.status
+                rec["error"] = e.message
+                response = self.error_response(e, rid, rec["backend"] or SELF)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug: answer in the envelope and keep the trace in the journal
+                log.exception("request %s failed", rid)
+                rec["status"] = 500
+                rec["error"] = f"internal proxy error: {type(e).__name__}"
+                response = self.error_response(ProxyError(500, rec["error"]), rid, rec["backend"] or SELF)
+            if not response.prepared:
+                # Sent here rather than by aiohttp after the handler: the record's latency then includes
+                # sending, and recording it (results line, metrics) is no longer in the caller's way.
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        except ConnectionError:  # the caller left while the answer was written
+            self._note_cut(rec)
+            return response
         except asyncio.CancelledError:
             self._note_cut(rec)
             raise
-        except Exception as e:  # a bug: answer in the envelope and keep the trace in the journal
-            log.exception("request %s failed", rid)
-            rec["status"] = 500
-            rec["error"] = f"internal proxy error: {type(e).__name__}"
-            return self.error_response(ProxyError(500, rec["error"]), rid, rec["backend"] or SELF)
         finally:
             latency = loop.time() - t0
             rec["time"] = time.time()
