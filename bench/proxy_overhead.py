@@ -6,7 +6,8 @@
   nginx      Debian nginx, least_conn, keepalive upstreams, proxy_buffering off, one worker
 
 Phase 1 (wrk, short non-streamed requests, simulators answer at once): req/s, p50/p99 latency and the
-proxy process's CPU time per request (utime+stime from /proc) at concurrency 1 and 32.
+proxy process's CPU time per request (utime+stime from /proc) at concurrency 1 and 32; at 32 also with both
+front proxies at nice -5, the edge over the cards the dcu_proxy unit's CPUWeight gives on a host.
 Phase 2 (Python client, streams at a fixed inter-token latency): inter-chunk gaps direct vs proxy.
 Phase 3: RSS of a proxy holding 1,000 requests in its queue (all backends hung).
 
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -60,11 +63,34 @@ def phase_overhead(h: Harness, sims: list[str], seconds: float, rounds: int) -> 
                                           spread=sims if connections > 1 else None))
             runs["dcu-proxy"].append(measure(h, "dcu-proxy", proxy_url, proxy.pid, connections, seconds))
             runs["nginx"].append(measure(h, "nginx", nginx_url, nginx.pid, connections, seconds))
+            if connections > 1 and PRIORITY_OK:
+                with raised_priority(proxy.pid, nginx.pid):
+                    for name, url, pid in (("dcu-proxy", proxy_url, proxy.pid), ("nginx", nginx_url, nginx.pid)):
+                        runs.setdefault(f"{name} {NICE:+d}", []).append(
+                            measure(h, f"{name} {NICE:+d}", url, pid, connections, seconds))
         out[connections] = {path: _median(results) for path, results in runs.items()}
     out["proxy_rss_mb_after_load"] = rss_mb(proxy.pid)
     h.stop(proxy)
     h.stop(nginx)
     return out
+
+
+# On a host the dcu_proxy unit runs with CPUWeight=800 against the 100 of each vllm@ unit: the single entrance
+# must not get a ninth of the CPU when the cards' processes are busy. Plain processes here have no unit of
+# their own; the same edge over the simulators is a nice value. Both front proxies get it, in the same run.
+NICE = -5
+PRIORITY_OK = os.geteuid() == 0  # raising a priority needs root (CAP_SYS_NICE)
+
+
+@contextlib.contextmanager
+def raised_priority(*pids: int):
+    for pid in pids:
+        os.setpriority(os.PRIO_PROCESS, pid, NICE)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
 def _median(results: list[dict]) -> dict:
@@ -194,6 +220,15 @@ def report(res: dict):
     ratio = many["dcu-proxy"]["rps"] / many["nginx"]["rps"]
     print(f"throughput at concurrency 32: dcu-proxy / nginx = {ratio:.2f} (target >= 0.7), errors "
           f"{many['dcu-proxy']['errors']} / {many['nginx']['errors']}")
+    boosted = f"dcu-proxy {NICE:+d}"
+    if boosted in many:
+        p, n = many[boosted], many[f"nginx {NICE:+d}"]
+        best_nginx = max(n["rps"], many["nginx"]["rps"])
+        print(f"  both at nice {NICE:+d} (the edge the unit's CPUWeight gives): dcu-proxy / nginx = "
+              f"{p['rps'] / n['rps']:.2f}, against nginx at its best {p['rps'] / best_nginx:.2f}; "
+              f"CPU per request {p['cpu_ms_per_req']:.3f} ms, errors {p['errors']} / {n['errors']}")
+    else:
+        print(f"  (not measured at nice {NICE:+d}: raising a priority needs root)")
     s = res["streaming"]
     print(f"\nstreaming, gaps between chunks at ITL {res['itl_ms']:g} ms (4 concurrent streams):")
     for path, r in s.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from datetime import datetime, timezone
@@ -9,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from dcu_serving.proxy.metrics import Histogram
-from dcu_serving.proxy.results import _line, _timestamp
+from dcu_serving.proxy.results import ResultsLog, _line, _timestamp
 from dcu_serving.proxy.server import _note_answer, new_request_id
 
 
@@ -29,6 +30,20 @@ def test_a_line_is_one_json_object_with_an_iso_time():
     line = _line({"time": 0.25, "orid": 'quote " and \u00e9', "error": None})
     assert line.endswith("\n") and line.count("\n") == 1
     assert json.loads(line) == {"time": "1970-01-01T00:00:00.250+00:00", "orid": 'quote " and \u00e9', "error": None}
+
+
+def test_a_lone_surrogate_from_the_caller_costs_no_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+
+    async def log_three():
+        log = ResultsLog(str(path))
+        for orid in ("before", "\ud800 from JSON", "after"):
+            log.write({"time": 0.0, "orid": orid})
+        log.close()
+
+    asyncio.run(log_three())
+    assert [json.loads(line)["orid"] for line in path.read_text().splitlines()] == ["before", "\ud800 from JSON",
+                                                                                   "after"]
 
 
 def note(body: bytes, status: int = 200) -> dict:

@@ -61,7 +61,8 @@ class ResultsLog:
     def flush(self):
         if self._pending:
             batch, self._pending = self._pending, []
-            self._queue.put("".join(batch).encode())
+            # A caller's string may hold a lone surrogate ("\\ud800" in its JSON): written as that escape.
+            self._queue.put("".join(batch).encode("utf-8", "backslashreplace"))
 
     def reopen(self, path: str | None = None):
         self.flush()

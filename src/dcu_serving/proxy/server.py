@@ -392,8 +392,8 @@ class Proxy:
         known = ", ".join(["POST " + p for p in API_PATHS] + ["GET /v1/models", "GET /health",
                                                                "GET /__lb_status", "GET /metrics"])
         what = "method not allowed on" if allowed else "no such endpoint:"
-        error = ProxyError(405 if allowed else 404, f"{what} {request.method} {request.path}; this proxy serves "
-                                                    f"{known}.", headers={"Allow": ", ".join(allowed)} if allowed else None)
+        message = f"{what} {request.method} {request.path}; this proxy serves {known}."
+        error = ProxyError(405, message, headers={"Allow": ", ".join(allowed)}) if allowed else ProxyError(404, message)
         return self.error_response(error, self._own_headers(request)["X-Request-Id"])
 
     # -- admin: drain and undrain --
@@ -439,7 +439,7 @@ class Proxy:
 
     # -- the listeners --
     # aiohttp's low-level server with a dict for routing: the Application's router, middleware chain and
-    # per-request Request objects cost more per proxied request than a lookup does.
+    # per-request get_event_loop() (a getpid() system call on Python 3.11) cost more than a lookup does.
 
     def admin_routes(self) -> dict:
         return {("GET", "/__admin/backends"): self.handle_admin_backends,
