@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 
 import pytest
+import requests
+from PIL import Image
 from proxy.proxytools import FAST, body
 
 from dcu_serving.proxy import contract
@@ -162,3 +166,28 @@ def test_relaxed_contract_fixes_the_request_and_the_card_answers(start_sim, star
     assert r.status_code == 200, r.text
     assert r.headers["X-Backend"] == f"127.0.0.1:{sim.port}"
     assert proxy.results(count=1)[0]["orid"] == "777"
+
+
+def test_large_and_chunked_bodies_arrive_whole_and_chunked_ones_are_limited_too(start_sim, start_proxy):
+    sim = start_sim(*FAST)
+    proxy = start_proxy([sim.url], max_body_bytes=8 * 1024 * 1024)
+    png = io.BytesIO()
+    Image.effect_noise((1200, 1200), 64).convert("RGB").save(png, "PNG")  # noise: megabytes, many reads
+    payload = body(text="")
+    image = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    payload["messages"][0]["content"] = [{"type": "image_url", "image_url": {"url": image}},
+                                         {"type": "text", "text": "Read the invoice number."}]
+    raw = json.dumps(payload).encode()
+    assert len(raw) > 2 * 1024 * 1024
+    assert proxy.chat(raw).status_code == 200  # a truncated body would be a JSON error (400)
+
+    def chunked(data: bytes, size: int = 65536):
+        return (data[i:i + size] for i in range(0, len(data), size))
+
+    headers = {"Content-Type": "application/json"}
+    r = requests.post(proxy.url + "/v1/chat/completions", data=chunked(raw), headers=headers, timeout=30)
+    assert r.status_code == 200
+    r = requests.post(proxy.url + "/v1/chat/completions", data=chunked(b" " * (9 * 1024 * 1024)), headers=headers,
+                      timeout=30)
+    assert r.status_code == 413 and f"{8 * 1024 * 1024} bytes" in r.json()["error"]["message"]
+    assert [line["status"] for line in proxy.results(count=3)] == [200, 200, 413]

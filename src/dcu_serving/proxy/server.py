@@ -257,12 +257,13 @@ class Proxy:
 
     async def _read_body(self, request: web.BaseRequest, limit: int) -> bytes:
         length = request.content_length
-        if length is not None:
-            if length > limit:
-                raise _too_large(limit)
-            return await request.read()
-        body = bytearray()  # a chunked upload: count as it comes
-        async for chunk in request.content.iter_any():
+        if length is not None and length > limit:
+            raise _too_large(limit)
+        content = request.content
+        if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+            return content.read_nowait()
+        body = bytearray()  # count as it comes: a chunked upload declares no length
+        async for chunk in content.iter_any():
             body += chunk
             if len(body) > limit:
                 raise _too_large(limit)
