@@ -191,3 +191,10 @@ def test_large_and_chunked_bodies_arrive_whole_and_chunked_ones_are_limited_too(
                       timeout=30)
     assert r.status_code == 413 and f"{8 * 1024 * 1024} bytes" in r.json()["error"]["message"]
     assert [line["status"] for line in proxy.results(count=3)] == [200, 200, 413]
+
+
+def test_a_long_numeric_orid_survives_exactly():
+    orid = 123456789012345678901234567890  # beyond 64 bits: a float to some JSON parsers
+    call = check({"model": SERVED_MODEL, "user": orid, "seed": orid, "messages": []}, RELAXED)
+    assert call.orid == str(orid)
+    assert json.loads(call.body) == {"model": SERVED_MODEL, "user": str(orid), "seed": orid, "messages": []}

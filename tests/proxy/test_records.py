@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from dcu_serving.proxy import fastjson
 from dcu_serving.proxy.metrics import Histogram
 from dcu_serving.proxy.results import ResultsLog, _line, _timestamp
 from dcu_serving.proxy.server import _note_answer, new_request_id
@@ -28,11 +29,11 @@ def test_timestamps_agree_with_datetime_across_many_seconds():
 
 def test_a_line_is_one_json_object_with_an_iso_time():
     line = _line({"time": 0.25, "orid": 'quote " and \u00e9', "error": None})
-    assert line.endswith("\n") and line.count("\n") == 1
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == {"time": "1970-01-01T00:00:00.250+00:00", "orid": 'quote " and \u00e9', "error": None}
 
 
-def test_a_lone_surrogate_from_the_caller_costs_no_line(tmp_path):
+def test_a_lone_surrogate_from_the_caller_costs_no_line(tmp_path):  # orjson cannot write one
     path = tmp_path / "results.jsonl"
 
     async def log_three():
@@ -52,7 +53,7 @@ def note(body: bytes, status: int = 200) -> dict:
     return rec
 
 
-def test_answer_fields_are_read_without_parsing_the_whole_answer():
+def test_answer_fields_come_from_the_first_choice_and_the_usage():
     answer = {"choices": [{"message": {"content": 'the text says "finish_reason": "evil", "usage": {}'},
                            "finish_reason": "length"},
                           {"message": {"content": "second"}, "finish_reason": "stop"}],
@@ -83,3 +84,16 @@ def test_request_ids_are_unique_hex_of_uuid_length():
     ids = {new_request_id() for _ in range(10000)}
     assert len(ids) == 10000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+@pytest.mark.parametrize("text", [b'{"error": "\\ud800"}', b'{"usage": {"prompt_tokens": NaN}}'])
+def test_json_orjson_refuses_is_still_read_as_the_standard_library_reads_it(text):
+    assert repr(fastjson.loads(text)) == repr(json.loads(text))
+    with pytest.raises(ValueError, match="Expecting property name"):
+        fastjson.loads(b"{broken")
+
+
+def test_json_orjson_cannot_write_is_written_escaped():
+    data = {"orid": "\ud800 lone", "big": 2**70, "name": "\u00e9"}
+    for written in (fastjson.dumps(data), fastjson.line(data).rstrip(b"\n")):
+        assert json.loads(written) == data

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from . import fastjson
 from .config import Contract
 from .errors import ProxyError
 
@@ -31,7 +32,7 @@ class Call:
 
 def parse(body: bytes) -> dict:
     try:
-        payload = json.loads(body)
+        payload = json.loads(body)  # not orjson: it reads integers beyond 64 bits (long orids) as floats
     except (ValueError, UnicodeDecodeError) as e:
         raise ProxyError(400, f"The request body is not valid JSON ({e}). Send a JSON object with "
                               f"Content-Type: application/json.") from None
@@ -91,7 +92,7 @@ def check(body: bytes, payload: dict, rules: Contract, models: frozenset) -> Cal
                 payload["stream_options"] = {**(options or {}), "include_usage": True}
                 changed = True
     if changed:
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        body = fastjson.dumps(payload)
     return Call(body, model, user, stream, strip_usage)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import signal
@@ -16,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import contract
+from . import contract, fastjson
 from .balancer import Backend, Balancer, no_backend
 from .config import Config, ConfigError
 from .errors import ProxyError, envelope_bytes, sse_error
@@ -493,46 +492,22 @@ def new_request_id() -> str:
     return f"{_REQUEST_ID_PREFIX}{next(_request_numbers):016x}"
 
 
-_JSON = json.JSONDecoder()
-
-
-def _member(text: str, key: str, last: bool = False):
-    """The value of the first (or last) member `key` ('"name":') in a JSON text, or None.
-
-    A quote inside a JSON string is escaped, so '"name":' can only match a real key."""
-    i = text.rfind(key) if last else text.find(key)
-    if i < 0:
-        return None
-    i += len(key)
-    while text[i:i + 1] in (" ", "\n", "\r", "\t"):
-        i += 1
-    try:
-        return _JSON.raw_decode(text, i)[0]
-    except ValueError:
-        return None
-
-
 def _note_answer(body: bytes, status: int, rec: dict):
-    """finish_reason and token counts of a whole answer, or the error message of a failed one.
-
-    A good answer is not parsed whole (that was the largest single cost per request): choices come
-    before usage in every OpenAI-style answer, so the first finish_reason is choice 0's and the last
-    usage is the answer's."""
-    if status == 200:
-        try:
-            text = body.decode()
-        except UnicodeDecodeError:
-            return
-        reason = _member(text, '"finish_reason":')
-        rec["finish_reason"] = reason if isinstance(reason, str) else None
-        _note_usage(_member(text, '"usage":', last=True), rec)
-        return
+    """finish_reason and token counts of a whole answer, or the error message of a failed one."""
     try:
-        answer = json.loads(body)
+        answer = fastjson.loads(body)
     except ValueError:
-        rec["error"] = body[:300].decode("utf-8", "replace")
+        if status != 200:
+            rec["error"] = body[:300].decode("utf-8", "replace")
         return
-    if isinstance(answer, dict):
+    if not isinstance(answer, dict):
+        return
+    if status == 200:
+        choices = answer.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            rec["finish_reason"] = choices[0].get("finish_reason")
+        _note_usage(answer.get("usage"), rec)
+    else:
         rec["error"] = _error_message(answer)
 
 
@@ -561,7 +536,7 @@ def _scan_events(block: bytes, strip_usage: bool, rec: dict) -> bytes:
         start = event.find(b"{")
         if start >= 0 and (b'"finish_reason"' in event or b'"usage"' in event or b'"error"' in event):
             try:
-                obj = json.loads(event[start:])
+                obj = fastjson.loads(event[start:])
             except ValueError:
                 obj = None
             if isinstance(obj, dict):
