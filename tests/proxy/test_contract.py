@@ -198,3 +198,9 @@ def test_a_long_numeric_orid_survives_exactly():
     call = check({"model": SERVED_MODEL, "user": orid, "seed": orid, "messages": []}, RELAXED)
     assert call.orid == str(orid)
     assert json.loads(call.body) == {"model": SERVED_MODEL, "user": str(orid), "seed": orid, "messages": []}
+
+
+def test_a_request_rewritten_with_a_lone_surrogate_stays_valid_json():
+    payload = {"model": SERVED_MODEL, "user": 7, "messages": [{"role": "user", "content": "\ud800 from JSON"}]}
+    call = check(payload, RELAXED, raw=json.dumps(payload).encode())
+    assert json.loads(call.body)["messages"][0]["content"] == "\ud800 from JSON"
