@@ -30,6 +30,9 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "molecule" / "_shared"))
+from testkit import recap  # noqa: E402 - the PLAY RECAP parser the molecule checks use
+
 BIN = REPO / ".venv" / "bin"
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
 STAGE = "/var/lib/dcu-serving/bench-bundle"
@@ -45,16 +48,6 @@ def node(container: str, *cmd: str) -> str:
     if done.returncode != 0:
         raise SystemExit(f"docker exec {container} {' '.join(cmd)} failed: {done.stderr.strip()}")
     return done.stdout.strip()
-
-
-def recap(output: str, host: str) -> dict:
-    counts: dict = {}
-    for line in output.splitlines():
-        if line.startswith(host + " ") and "ok=" in line:
-            for field in line.split(":", 1)[1].split():
-                key, value = field.split("=")
-                counts[key] = counts.get(key, 0) + int(value)
-    return counts
 
 
 def site_rerun(args) -> None:

@@ -14,6 +14,7 @@ exception) writes them all first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -108,13 +109,16 @@ def _line(record: dict) -> bytes:
     return fastjson.line(record)
 
 
-def _timestamp(t: float, _second: list = [None, ""]) -> str:  # noqa: B006 - the cache of the current second
+def _timestamp(t: float) -> str:
     """ISO 8601 UTC with milliseconds, exactly as datetime.isoformat(timespec="milliseconds") writes it,
     at a third of the cost: the date and time of day are formatted once per second."""
     second = int(t)
     micros = round((t - second) * 1_000_000)
     if micros >= 1_000_000:
         second, micros = second + 1, micros - 1_000_000
-    if _second[0] != second:
-        _second[:] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-    return f"{_second[1]}.{micros // 1000:03d}+00:00"
+    return f"{_date_and_time(second)}.{micros // 1000:03d}+00:00"
+
+
+@functools.lru_cache(maxsize=4)
+def _date_and_time(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
