@@ -34,7 +34,4 @@ def dumps(obj) -> bytes:
 
 def line(obj) -> bytes:
     """`obj` as one line of compact UTF-8 JSON, newline included."""
-    try:
-        return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
-    except TypeError:
-        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return dumps(obj) + b"\n"

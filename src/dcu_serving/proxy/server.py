@@ -388,11 +388,9 @@ class Proxy:
         headers["Content-Type"] = CONTENT_TYPE_LATEST
         return web.Response(body=generate_latest(self.metrics.registry), headers=headers)
 
-    async def handle_not_found(self, request, allowed: tuple = ()):
-        known = ", ".join(["POST " + p for p in API_PATHS] + ["GET /v1/models", "GET /health",
-                                                               "GET /__lb_status", "GET /metrics"])
+    async def handle_not_found(self, request, allowed: tuple, known: str):
         what = "method not allowed on" if allowed else "no such endpoint:"
-        message = f"{what} {request.method} {request.path}; this proxy serves {known}."
+        message = f"{what} {request.method} {request.path}; this listener serves {known}."
         error = ProxyError(405, message, headers={"Allow": ", ".join(allowed)}) if allowed else ProxyError(404, message)
         return self.error_response(error, self._own_headers(request)["X-Request-Id"])
 
@@ -449,26 +447,25 @@ class Proxy:
     def routes(self) -> dict:
         """(method, path) -> handler, for the main listener."""
         table = {("POST", path): self.handle_api for path in API_PATHS}
-        for path, handler in (("/health", self.handle_health), ("/v1/models", self.handle_models),
-                              ("/__lb_status", self.handle_lb_status), ("/metrics", self.handle_metrics)):
-            table["GET", path] = table["HEAD", path] = handler
+        table.update(_readable({"/v1/models": self.handle_models, "/health": self.handle_health,
+                                "/__lb_status": self.handle_lb_status, "/metrics": self.handle_metrics}))
         if self.settings.admin_token:  # with a token the admin API is reachable on the main listener too
             table.update(self.admin_routes())
         return table
 
     def admin_server_routes(self) -> dict:
-        return {**self.admin_routes(), ("GET", "/__lb_status"): self.handle_lb_status,
-                ("HEAD", "/__lb_status"): self.handle_lb_status}
+        return {**self.admin_routes(), **_readable({"/__lb_status": self.handle_lb_status})}
 
     def make_server(self, table: dict) -> web.Server:
         methods: dict[str, tuple] = {}
         for method, path in table:
             methods[path] = (*methods.get(path, ()), method)
+        known = ", ".join(f"{method} {path}" for method, path in table if method != "HEAD")
 
         async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
             handler = table.get((request.method, request.path))
             if handler is None:
-                return await self.handle_not_found(request, methods.get(request.path, ()))
+                return await self.handle_not_found(request, methods.get(request.path, ()), known)
             return await handler(request)
 
         def request_factory(message, payload, protocol, writer, task) -> web.BaseRequest:
@@ -476,6 +473,11 @@ class Proxy:
             return web.BaseRequest(message, payload, protocol, writer, task, self.loop, client_max_size=1 << 40)
 
         return web.Server(dispatch, request_factory=request_factory, handler_cancellation=True, access_log=None)
+
+
+def _readable(handlers: dict) -> dict:
+    """GET and HEAD routes for each path -> handler."""
+    return {(method, path): handler for path, handler in handlers.items() for method in ("GET", "HEAD")}
 
 
 def _too_large(limit: int) -> ProxyError:
