@@ -105,6 +105,30 @@ def test_malformed_json_is_rejected(raw):
     assert e.value.status == 400 and "JSON" in e.value.message
 
 
+@pytest.mark.parametrize("raw", [
+    b'\xef\xbb\xbf{"model": "m"}',               # a UTF-8 byte order mark
+    '{"model": "m"}'.encode("utf-16"),              # UTF-16, as json.loads detects it
+    b'{"model": "m", "temperature": NaN}',          # a literal the standard library reads
+    b'{"model": "m", "user": "\\ud800"}',           # a lone surrogate escape
+    b'{"model": "m", "user": -9223372036854775809}',  # below 64 bits
+])
+def test_requests_read_exactly_as_the_standard_library_reads_them(raw):
+    parsed = contract.parse(raw)  # orjson refuses or misreads each of these: the standard library takes over
+    assert json.dumps(parsed) == json.dumps(json.loads(raw))
+
+
+def test_a_rewritten_request_keeps_every_long_integer():
+    raw = json.dumps({"model": SERVED_MODEL, "user": "7", "seed": 2**70 + 1, "enable_thinking": False}).encode()
+    call = check(None, Contract(enable_thinking="move"), raw=raw)
+    assert json.loads(call.body) == {"model": SERVED_MODEL, "user": "7", "seed": 2**70 + 1,
+                                     "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_a_long_numeric_user_is_quoted_exactly_in_the_rejection():
+    e = rejected(body(user=2**80))
+    assert f'"{2**80}"' in e.message
+
+
 def test_a_stream_asks_for_usage_without_re_serialising():
     raw = b' {"model":"MiniCPM-V-4.5","stream":true,"messages":[{"role":"user","content":"h\\u00e9"}]}'
     call = check(None, raw=raw)

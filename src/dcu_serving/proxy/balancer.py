@@ -100,6 +100,10 @@ class Balancer:
         `front` puts a retried request ahead of the queue: it has waited its turn already.
         Raises ProxyError 503 (no backend, queue full) or DeadlineExceeded.
         """
+        return self.take(front) or await self.wait(deadline, front)
+
+    def take(self, front: bool = False) -> Backend | None:
+        """A free slot now, or None: then `wait` for one. The request path's shortcut for `acquire`."""
         if not self._routable:
             raise no_backend(self.retry_after)
         if front or not self._waiters:
@@ -107,6 +111,10 @@ class Balancer:
             if b is not None:
                 b.active += 1
                 return b
+        return None
+
+    async def wait(self, deadline: float, front: bool = False) -> Backend:
+        """Queue for the next free slot (after `take` found none)."""
         if len(self._waiters) >= self.queue_size and not front:
             raise ProxyError(503, f"Service busy: all slots are in use and the proxy's queue is full "
                                   f"({self.queue_size} waiting). Retry after a moment.",
@@ -227,13 +235,6 @@ class Balancer:
 
     async def check_all(self, path: str, timeout: float):
         await asyncio.gather(*(self.check(b, path, timeout) for b in self.backends))
-
-    async def run_health_checks(self, settings):
-        """Check every backend every `settings.health_interval` seconds (fixed rate), until cancelled."""
-        while True:
-            started = self.loop.time()
-            await self.check_all(settings.health_path, settings.health_timeout)
-            await asyncio.sleep(max(0.0, started + settings.health_interval - self.loop.time()))
 
     # -- reload --
 

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -186,7 +186,7 @@ class Proxy:
         finally:
             latency = loop.time() - t0
             rec["time"] = time.time()
-            rec["latency_ms"] = round(latency * 1000, 1)
+            rec["latency_ms"] = _ms(latency)
             if self.results is not None:
                 self.results.write(rec)
             ttft = rec["ttft_ms"]
@@ -219,12 +219,13 @@ class Proxy:
         first_failure = None
         while True:
             try:
-                backend = await balancer.acquire(deadline, front=first_failure is not None)
+                front = first_failure is not None
+                backend = balancer.take(front) or await balancer.wait(deadline, front)
             except DeadlineExceeded:
                 raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
                                       f"request waited in the proxy's queue). Retry later.") from None
             if rec["queue_ms"] is None:
-                rec["queue_ms"] = round((loop.time() - t0) * 1000, 1)
+                rec["queue_ms"] = _ms(loop.time() - t0)
             rec["attempts"] += 1
             rec["backend"] = backend.name
             sent = False
@@ -280,7 +281,7 @@ class Proxy:
         headers = self._response_headers(conn.headers, backend, rid)
         if not (call.stream and status == 200):
             try:
-                body = await conn.read()
+                body = conn.body() if conn.complete else await conn.read()
             finally:
                 conn.release()
             rec["status"] = status
@@ -298,7 +299,7 @@ class Proxy:
                 if chunk is None:
                     break
                 if rec["ttft_ms"] is None:
-                    rec["ttft_ms"] = round((loop.time() - t0) * 1000, 1)
+                    rec["ttft_ms"] = _ms(loop.time() - t0)
                 data = pending + chunk if pending else chunk
                 end = data.rfind(b"\n\n")
                 if end < 0 and len(data) < _PARTIAL_EVENT_LIMIT:
@@ -462,11 +463,12 @@ class Proxy:
             methods[path] = (*methods.get(path, ()), method)
         known = ", ".join(f"{method} {path}" for method, path in table if method != "HEAD")
 
-        async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
+        def dispatch(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+            # A plain function returning the handler's coroutine: one coroutine less on every request.
             handler = table.get((request.method, request.path))
             if handler is None:
-                return await self.handle_not_found(request, methods.get(request.path, ()), known)
-            return await handler(request)
+                return self.handle_not_found(request, methods.get(request.path, ()), known)
+            return handler(request)
 
         def request_factory(message, payload, protocol, writer, task) -> web.BaseRequest:
             # Bodies are limited by _read_body (max_body_bytes can change on reload); this is only a backstop.
@@ -492,6 +494,11 @@ _request_numbers = itertools.count()
 def new_request_id() -> str:
     """32 hex digits, like uuid4().hex, without a getrandom() syscall per request."""
     return f"{_REQUEST_ID_PREFIX}{next(_request_numbers):016x}"
+
+
+def _ms(seconds: float) -> float:
+    """Milliseconds to 0.1 ms, for the results log; round(x, 1) costs three times as much."""
+    return int(seconds * 10000 + 0.5) / 10
 
 
 def _note_answer(body: bytes, status: int, rec: dict):

@@ -164,12 +164,6 @@ class UpstreamConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    async def _response_head(self):
-        while not self._headers_done:
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-
     async def read(self) -> bytes:
         """The whole response body."""
         self._whole = True
@@ -180,6 +174,11 @@ class UpstreamConnection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait()
+        return self.body()
+
+    def body(self) -> bytes:
+        """The whole body of a `complete` response, without a coroutine: short answers usually arrive with
+        their head."""
         chunks, self._chunks = self._chunks, []
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -244,7 +243,10 @@ class Pool:
         conn = self._take_idle() or await self._connect(deadline)
         try:
             conn._send(head, body, deadline)
-            await conn._response_head()
+            while not conn._headers_done:
+                if conn._error is not None:
+                    raise conn._error
+                await conn._wait()
         except BaseException:
             conn.abort()
             raise
