@@ -5,8 +5,8 @@ Writing each results line and reading each answer with orjson takes a fifth of t
 few texts the standard library accepts (lone surrogate escapes, NaN); those rare cases take the standard
 library's path, with its results and its error messages.
 
-Requests are parsed with the standard library (contract.parse): orjson reads an integer beyond 64 bits as
-a float, and a caller's order id in `user` can be that long.
+Requests are parsed in contract.parse, which also knows when orjson's reading is not exact enough: it reads
+an integer beyond 64 bits as a float, and a caller's order id in `user` can be that long.
 """
 
 from __future__ import annotations
