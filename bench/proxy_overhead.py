@@ -7,7 +7,8 @@
 
 Phase 1 (wrk, short non-streamed requests, simulators answer at once): req/s, p50/p99 latency and the
 proxy process's CPU time per request (utime+stime from /proc) at concurrency 1 and 32; at 32 also with both
-front proxies at nice -5, the edge over the cards the dcu_proxy unit's CPUWeight gives on a host.
+front proxies at nice -5, the edge over the cards the dcu_proxy unit's CPUWeight gives on a host. The
+simulators' CPU per request is printed beside it: on two shared cores it is the other half of the story.
 Phase 2 (Python client, streams at a fixed inter-token latency): inter-chunk gaps direct vs proxy.
 Phase 3: RSS of a proxy holding 1,000 requests in its queue (all backends hung).
 
@@ -40,34 +41,38 @@ FAST_SIM = ("--max-num-seqs", "4", "--sim-ttft-ms", "0", "--sim-itl-ms", "0", "-
             "--sim-answer-tokens", "8", "--sim-think-tokens", "0")
 
 
-def measure(h: Harness, name: str, url: str, pid: int | None, connections: int, seconds: float,
-            spread: list[str] | None = None) -> dict:
+def measure(h: Harness, name: str, url: str, pid: int | None, backend_pids: list[int], connections: int,
+            seconds: float, spread: list[str] | None = None) -> dict:
+    """wrk against `url`; CPU per request of the front proxy `pid` and, summed, of the simulators."""
     threads = len(spread) if spread else min(connections, 2)
     wrk(url, connections, 1, REQUEST, threads=threads, spread_over=spread, tmp=h.tmp)  # warm-up
     before = cpu_seconds(pid) if pid else 0.0
+    backends_before = sum(map(cpu_seconds, backend_pids))
     result = wrk(url, connections, seconds, REQUEST, threads=threads, spread_over=spread, tmp=h.tmp)
+    requests = max(result["requests"], 1)
     if pid:
-        result["cpu_ms_per_req"] = (cpu_seconds(pid) - before) * 1000 / max(result["requests"], 1)
+        result["cpu_ms_per_req"] = (cpu_seconds(pid) - before) * 1000 / requests
+    result["backends_cpu_ms_per_req"] = (sum(map(cpu_seconds, backend_pids)) - backends_before) * 1000 / requests
     result["path"] = name
     return result
 
 
-def phase_overhead(h: Harness, sims: list[str], seconds: float, rounds: int) -> dict:
+def phase_overhead(h: Harness, sims: list[str], sim_pids: list[int], seconds: float, rounds: int) -> dict:
     proxy_url, proxy = h.start_proxy(sims)
     nginx_url, nginx = h.start_nginx(sims, "least_conn")
     out = {}
     for connections in (1, 32):
         runs: dict[str, list[dict]] = {"direct": [], "dcu-proxy": [], "nginx": []}
         for _ in range(rounds):  # interleaved, so drift on a shared machine hits every path alike
-            runs["direct"].append(measure(h, "direct", sims[0], None, connections, seconds,
+            runs["direct"].append(measure(h, "direct", sims[0], None, sim_pids, connections, seconds,
                                           spread=sims if connections > 1 else None))
-            runs["dcu-proxy"].append(measure(h, "dcu-proxy", proxy_url, proxy.pid, connections, seconds))
-            runs["nginx"].append(measure(h, "nginx", nginx_url, nginx.pid, connections, seconds))
+            runs["dcu-proxy"].append(measure(h, "dcu-proxy", proxy_url, proxy.pid, sim_pids, connections, seconds))
+            runs["nginx"].append(measure(h, "nginx", nginx_url, nginx.pid, sim_pids, connections, seconds))
             if connections > 1 and PRIORITY_OK:
                 with raised_priority(proxy.pid, nginx.pid):
                     for name, url, pid in (("dcu-proxy", proxy_url, proxy.pid), ("nginx", nginx_url, nginx.pid)):
                         runs.setdefault(f"{name} {NICE:+d}", []).append(
-                            measure(h, f"{name} {NICE:+d}", url, pid, connections, seconds))
+                            measure(h, f"{name} {NICE:+d}", url, pid, sim_pids, connections, seconds))
         out[connections] = {path: _median(results) for path, results in runs.items()}
     out["proxy_rss_mb_after_load"] = rss_mb(proxy.pid)
     h.stop(proxy)
@@ -203,10 +208,13 @@ def report(res: dict):
     print("\n== dcu-proxy overhead (8 simulators, short non-streamed requests) ==")
     for c in (1, 32):
         print(f"\nconcurrency {c}:")
-        print(f"  {'path':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'CPU ms/req':>11}")
+        print(f"  {'path':<12} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'CPU ms/req':>11} "
+              f"{'simulators':>11}")
         for path, r in res["overhead"][c].items():
             cpu = f"{r['cpu_ms_per_req']:.3f}" if "cpu_ms_per_req" in r else "-"
-            print(f"  {path:<10} {r['rps']:>8.0f} {r['p50']:>8.3f} {r['p99']:>8.3f} {r['errors']:>7} {cpu:>11}")
+            print(f"  {path:<12} {r['rps']:>8.0f} {r['p50']:>8.3f} {r['p99']:>8.3f} {r['errors']:>7} {cpu:>11} "
+                  f"{r['backends_cpu_ms_per_req']:>11.3f}")
+    print("  (CPU ms/req: the front proxy's; simulators: the eight simulators' together, per request)")
     one, many = res["overhead"][1], res["overhead"][32]
     d, p, n = one["direct"], one["dcu-proxy"], one["nginx"]
     print("\nconcurrency 1, added over direct:")
@@ -251,7 +259,8 @@ def main():
     h = Harness()
     try:
         sims = h.start_sims(8, *FAST_SIM)
-        res = {"overhead": phase_overhead(h, sims, args.seconds, args.rounds)}
+        sim_pids = [proc.pid for proc in h.procs[-len(sims):]]
+        res = {"overhead": phase_overhead(h, sims, sim_pids, args.seconds, args.rounds)}
         res["queue_rss"] = phase_queue_rss(h, sims, args.queued)
         res["itl_ms"] = args.itl_ms
         res["streaming"] = phase_streaming(h, args.itl_ms)

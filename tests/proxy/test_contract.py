@@ -98,7 +98,7 @@ def test_a_model_that_is_not_served_is_rejected_listing_the_served_names():
     check(body(model="other"), Contract(model="pass"))
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe{}", b""])
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe{}", b"", b'{"a": ' + b"[" * 100_000])
 def test_malformed_json_is_rejected(raw):
     with pytest.raises(ProxyError) as e:
         contract.parse(raw)

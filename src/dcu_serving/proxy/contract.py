@@ -53,6 +53,9 @@ def parse_exact(body: bytes) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise ProxyError(400, f"The request body is not valid JSON ({e}). Send a JSON object with "
                               f"Content-Type: application/json.") from None
+    except RecursionError:
+        raise ProxyError(400, "The request body nests JSON arrays or objects too deeply to read; send a "
+                              "flatter JSON object.") from None
     if not isinstance(payload, dict):
         raise ProxyError(400, f"The request body must be a JSON object, got a JSON {type(payload).__name__}.")
     return payload
