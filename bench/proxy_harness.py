@@ -74,9 +74,9 @@ class Harness:
         (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
         self.model_dir = model_dir
 
-    def _spawn(self, args, log_name: str) -> subprocess.Popen:
+    def _spawn(self, args, log_name: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / log_name, "ab")  # noqa: SIM115 - the child keeps it
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         return proc
 
@@ -92,16 +92,19 @@ class Harness:
             wait_for(lambda u=url: http_status(u + "/health") == 200, 60, f"{url}/health")
         return urls
 
-    def start_proxy(self, backends: list[str], **settings) -> tuple[str, subprocess.Popen]:
+    def start_proxy(self, backends: list[str], *, wrapper: tuple = (), env: dict | None = None,
+                    ready_within: float = 30, **settings) -> tuple[str, subprocess.Popen]:
+        """dcu-proxy in front of `backends`; `wrapper` runs it under another program (valgrind)."""
         port = free_port()
         config = {"listen": f"127.0.0.1:{port}", "backends": backends, "models": [MODEL],
                   "results_log": str(self.tmp / f"results-{port}.jsonl"), "admin": {"listen": None},
                   **settings}
         path = self.tmp / f"proxy-{port}.yml"
         path.write_text(yaml.safe_dump(config))
-        proc = self._spawn([sys.executable, "-m", "dcu_serving.proxy", "--config", str(path)], f"proxy-{port}.log")
+        proc = self._spawn([*wrapper, sys.executable, "-m", "dcu_serving.proxy", "--config", str(path)],
+                           f"proxy-{port}.log", env)
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_status(url + "/health") == 200, 30, f"dcu-proxy {url}/health")
+        wait_for(lambda: http_status(url + "/health") == 200, ready_within, f"dcu-proxy {url}/health")
         return url, proc
 
     def start_nginx(self, backends: list[str], policy: str = "least_conn") -> tuple[str, subprocess.Popen]:
