@@ -106,7 +106,7 @@ RELAYS = {"aiohttp": aiohttp_relay, "httptools": httptools_relay}
 
 def start_relay(h: Harness, kind: str, backends: list[str]) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    proc = h._spawn([sys.executable, __file__, "--relay", kind, "--port", str(port), *backends],
+    proc = h.spawn([sys.executable, __file__, "--relay", kind, "--port", str(port), *backends],
                     f"relay-{kind}-{port}.log")
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: http_status(url + "/health") == 200, 30, f"{kind} relay {url}/health")

@@ -74,7 +74,7 @@ class Harness:
         (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
         self.model_dir = model_dir
 
-    def _spawn(self, args, log_name: str, env: dict | None = None) -> subprocess.Popen:
+    def spawn(self, args, log_name: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / log_name, "ab")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
@@ -84,7 +84,7 @@ class Harness:
         urls = []
         for _ in range(count):
             port = free_port()
-            self._spawn([sys.executable, "-m", "dcu_serving.sim", "serve", str(self.model_dir), "--host",
+            self.spawn([sys.executable, "-m", "dcu_serving.sim", "serve", str(self.model_dir), "--host",
                          "127.0.0.1", "--port", str(port), "--served-model-name", MODEL, *sim_args],
                         f"sim-{port}.log")
             urls.append(f"http://127.0.0.1:{port}")
@@ -101,7 +101,7 @@ class Harness:
                   **settings}
         path = self.tmp / f"proxy-{port}.yml"
         path.write_text(yaml.safe_dump(config))
-        proc = self._spawn([*wrapper, sys.executable, "-m", "dcu_serving.proxy", "--config", str(path)],
+        proc = self.spawn([*wrapper, sys.executable, "-m", "dcu_serving.proxy", "--config", str(path)],
                            f"proxy-{port}.log", env)
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_status(url + "/health") == 200, ready_within, f"dcu-proxy {url}/health")
@@ -150,7 +150,7 @@ http {{
   }}
 }}
 """)
-        proc = self._spawn([NGINX, "-p", str(root), "-c", str(root / "nginx.conf")], f"nginx-{port}.log")
+        proc = self.spawn([NGINX, "-p", str(root), "-c", str(root / "nginx.conf")], f"nginx-{port}.log")
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_status(url + "/health") == 200, 15, f"nginx {url}/health")
         return url, proc
