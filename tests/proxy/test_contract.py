@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
+import socket
 
 import pytest
 import requests
@@ -95,6 +97,9 @@ def test_a_model_that_is_not_served_is_rejected_listing_the_served_names():
     assert "`minicpm-v`" in e.message and SERVED_MODEL in e.message
     e = rejected({"messages": []})
     assert "`model` is required" in e.message
+    for wrong in ([SERVED_MODEL], {"name": SERVED_MODEL}, 7):  # a 400 naming the fix, not a 500
+        e = rejected(body(model=wrong))
+        assert "`model` must be a string" in e.message and SERVED_MODEL in e.message
     check(body(model="other"), Contract(model="pass"))
 
 
@@ -215,6 +220,28 @@ def test_large_and_chunked_bodies_arrive_whole_and_chunked_ones_are_limited_too(
                       timeout=30)
     assert r.status_code == 413 and f"{8 * 1024 * 1024} bytes" in r.json()["error"]["message"]
     assert [line["status"] for line in proxy.results(count=3)] == [200, 200, 413]
+
+
+def test_a_compressed_body_is_decoded_and_a_broken_one_is_a_400(proxy):
+    raw = json.dumps(body()).encode()
+    r = proxy.chat(gzip.compress(raw), headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 200, r.text  # forwarded decoded, without the Content-Encoding it no longer has
+    r = proxy.chat(raw, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 400 and r.headers["X-Backend"] == "dcu-proxy"
+    assert "could not be read" in r.json()["error"]["message"] and "Content-Encoding" in r.json()["error"]["message"]
+    assert [line["status"] for line in proxy.results(count=2)] == [200, 400]
+
+
+def test_a_body_that_stops_coming_is_a_408_at_the_deadline(start_sim, start_proxy):
+    sim = start_sim(*FAST)
+    proxy = start_proxy([sim.url], request_timeout=1)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\": ")  # and then nothing more
+        head = conn.recv(65536)
+    assert head.startswith(b"HTTP/1.1 408 "), head
+    assert b"did not arrive within the proxy's 1 s deadline" in head
+    assert proxy.results(count=1)[0]["status"] == 408
 
 
 def test_a_long_numeric_orid_survives_exactly():

@@ -145,9 +145,10 @@ def test_request_ids_are_kept_or_made_and_reach_the_card(start_sim, start_proxy)
     r = proxy.chat(body(), headers={"X-Request-Id": "orid-4711-a"})
     assert r.headers["X-Request-Id"] == "orid-4711-a"
     assert r.json()["id"] == "chatcmpl-orid-4711-a"  # vLLM names the request after the header
-    r = proxy.chat(body())
-    rid = r.headers["X-Request-Id"]
-    assert len(rid) == 32 and r.json()["id"] == f"chatcmpl-{rid}"
+    for sent in ({}, {"X-Request-Id": "x" * 200}):  # none, or one too long to keep: the card gets only the new one
+        r = proxy.chat(body(), headers=sent)
+        rid = r.headers["X-Request-Id"]
+        assert len(rid) == 32 and r.json()["id"] == f"chatcmpl-{rid}"
 
 
 def test_backend_errors_pass_through_unchanged_and_are_not_retried(start_sim, start_proxy):

@@ -69,10 +69,13 @@ def check(body: bytes, payload: dict, rules: Contract, models: frozenset, exact:
     """
     changed = False
     model = payload.get("model")
-    if rules.model == "reject" and model not in models:
+    if rules.model == "reject" and not (isinstance(model, str) and model in models):
         names = ", ".join(sorted(models))
         if model is None:
             raise ProxyError(400, f"`model` is required: set it to one of the served models: {names}.", "model")
+        if not isinstance(model, str):
+            raise ProxyError(400, f"`model` must be a string, got {type(model).__name__}: set it to one of the "
+                                  f"served models: {names}.", "model")
         raise ProxyError(400, f"The model `{model}` is not served here; set `model` to one of: {names}.", "model")
 
     user = payload.get("user")

@@ -28,10 +28,11 @@ log = logging.getLogger("dcu_proxy")
 API_PATHS = ("/v1/chat/completions", "/v1/completions")
 SELF = "dcu-proxy"  # the X-Backend value of responses the proxy makes itself
 
-# Request headers not forwarded: hop-by-hop ones, and those the upstream client writes itself.
+# Request headers not forwarded: hop-by-hop ones, those the proxy writes itself, and Content-Encoding (aiohttp
+# has decoded the body).
 _DROP_REQUEST = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-    b"host", b"content-length", b"expect", b"accept-encoding",
+    b"host", b"content-length", b"expect", b"accept-encoding", b"content-encoding", b"x-request-id",
 })
 # Response headers not passed back: hop-by-hop ones, and those the proxy sets.
 _DROP_RESPONSE = frozenset({
@@ -151,15 +152,14 @@ class Proxy:
         loop = self.loop
         t0 = loop.time()
         rid = request.headers.get("X-Request-Id")
-        generated = not rid or len(rid) > _MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable())
-        if generated:
+        if not rid or len(rid) > _MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable()):
             rid = new_request_id()
         rec = {"time": 0.0, "request_id": rid, "orid": None, "model": None, "backend": None, "status": 0,
                "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
                "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
         try:
             try:
-                response = await self._proxy(request, rid, generated, rec, t0)
+                response = await self._proxy(request, rid, rec, t0)
             except ProxyError as e:
                 rec["status"] = e.status
                 rec["error"] = e.message
@@ -194,12 +194,13 @@ class Proxy:
             self.metrics.observe(rec["status"], latency, None if ttft is None else ttft / 1000,
                                  None if queue_ms is None else queue_ms / 1000)
 
-    async def _proxy(self, request: web.BaseRequest, rid: str, generated: bool, rec: dict, t0: float):
+    async def _proxy(self, request: web.BaseRequest, rid: str, rec: dict, t0: float):
         s = self.settings
         if request.content_type != "application/json":
             raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
                                   f"send the request body as JSON.")
-        body = await self._read_body(request, s.max_body_bytes)
+        deadline = t0 + s.request_timeout
+        body = await self._read_body(request, s.max_body_bytes, deadline)
         payload = contract.parse(body)
         user = payload.get("user")
         rec["orid"] = None if user is None else str(user)
@@ -210,10 +211,8 @@ class Proxy:
 
         headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
                            if name.lower() not in _DROP_REQUEST)
-        if generated:
-            headers += b"X-Request-Id: %s\r\n" % rid.encode()
+        headers += b"X-Request-Id: %s\r\n" % rid.encode()  # the caller's, or the one made for it
         path = request.raw_path.encode()
-        deadline = t0 + s.request_timeout
         balancer = self.balancer
         loop = self.loop
         first_failure = None
@@ -255,19 +254,29 @@ class Proxy:
             finally:
                 balancer.release(backend, served=sent)
 
-    async def _read_body(self, request: web.BaseRequest, limit: int) -> bytes:
+    async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float) -> bytes:
         length = request.content_length
         if length is not None and length > limit:
             raise _too_large(limit)
         content = request.content
-        if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
-            return content.read_nowait()
-        body = bytearray()  # count as it comes: a chunked upload declares no length
-        async for chunk in content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                raise _too_large(limit)
-        return bytes(body)
+        try:
+            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+                return content.read_nowait()
+            body = bytearray()  # count as it comes: a chunked upload declares no length
+            async with asyncio.timeout_at(deadline):  # a body that stops coming must not hold the proxy
+                async for chunk in content.iter_any():
+                    body += chunk
+                    if len(body) > limit:
+                        raise _too_large(limit)
+            return bytes(body)
+        except web.RequestPayloadError as e:  # aiohttp could not decode it (Content-Encoding, chunks)
+            reason = getattr(e.__cause__, "message", None) or str(e)
+            raise ProxyError(400, f"The request body could not be read ({reason}): send it uncompressed, or "
+                                  f"encoded as its Content-Encoding and Transfer-Encoding headers say.") from None
+        except TimeoutError:
+            raise ProxyError(408, f"The request body did not arrive within the proxy's "
+                                  f"{self.settings.request_timeout:g} s deadline: send it whole, without "
+                                  f"pauses.") from None
 
     def _response_headers(self, raw, backend: Backend, rid: str) -> CIMultiDict:
         headers = CIMultiDict([(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw
