@@ -10,6 +10,7 @@ ERROR_TYPES = {
     401: "UnauthorizedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestEntityTooLargeError",
     500: "InternalServerError",
     502: "BadGatewayError",
