@@ -173,7 +173,10 @@ def test_own_endpoints(start_sim, start_proxy):
     assert [m["id"] for m in r.json()["data"]] == [SERVED_MODEL]
     assert r.json()["data"][0]["max_model_len"] == 32768
     assert r.headers["X-Backend"] == "dcu-proxy" and r.headers["X-Request-Id"]
-    assert requests.get(proxy.url + "/health", timeout=5).status_code == 200
+    for sent, kept in (("mine-1", True), ("x" * 200, False)):  # the same rule as on the API
+        r = requests.get(proxy.url + "/health", headers={"X-Request-Id": sent}, timeout=5)
+        assert r.status_code == 200 and (r.headers["X-Request-Id"] == sent) == kept
+        assert len(r.headers["X-Request-Id"]) <= 128
     r = requests.get(proxy.url + "/v1/nothing", timeout=5)
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
     r = requests.get(proxy.url + "/v1/chat/completions", timeout=5)

@@ -151,9 +151,7 @@ class Proxy:
     async def handle_api(self, request: web.BaseRequest) -> web.StreamResponse:
         loop = self.loop
         t0 = loop.time()
-        rid = request.headers.get("X-Request-Id")
-        if not rid or len(rid) > _MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable()):
-            rid = new_request_id()
+        rid = request_id(request)
         rec = {"time": 0.0, "request_id": rid, "orid": None, "model": None, "backend": None, "status": 0,
                "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
                "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
@@ -367,7 +365,7 @@ class Proxy:
     # -- the proxy's own endpoints --
 
     def _own_headers(self, request) -> dict:
-        return {"X-Backend": SELF, "X-Request-Id": request.headers.get("X-Request-Id") or new_request_id()}
+        return {"X-Backend": SELF, "X-Request-Id": request_id(request)}
 
     async def handle_health(self, request):
         routable = sum(1 for b in self.balancer.backends if b.healthy and not b.draining)
@@ -498,6 +496,14 @@ def _too_large(limit: int) -> ProxyError:
 
 _REQUEST_ID_PREFIX = os.urandom(8).hex()  # per process, so ids stay unique across restarts and proxies
 _request_numbers = itertools.count()
+
+
+def request_id(request: web.BaseRequest) -> str:
+    """The caller's X-Request-Id if it is usable (printable ASCII, at most 128 characters), else a new one."""
+    rid = request.headers.get("X-Request-Id")
+    if not rid or len(rid) > _MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable()):
+        return new_request_id()
+    return rid
 
 
 def new_request_id() -> str:
