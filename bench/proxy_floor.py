@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_harness import REQUEST, Harness, cpu_seconds, free_port, http_status, wait_for, wrk
-from proxy_overhead import FAST_SIM
+from proxy_harness import Harness, free_port, http_status, wait_for
+from proxy_overhead import FAST_SIM, measure
 
 from dcu_serving.proxy.upstream import Pool
 
@@ -135,25 +135,23 @@ def main():
                   "httptools relay": start_relay(h, "httptools", sims)}
         for _, proc in fronts.values():
             os.setpriority(os.PRIO_PROCESS, proc.pid, args.nice)
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in fronts}
+        runs: dict[str, list[dict]] = {name: [] for name in fronts}
         order = list(fronts.items())
         for round_ in range(args.rounds):  # interleaved, alternating order: drift hits every path alike
             for name, (url, proc) in order if round_ % 2 == 0 else order[::-1]:
-                wrk(url, 32, 1, REQUEST, threads=2, tmp=h.tmp)  # warm-up
-                before = cpu_seconds(proc.pid)
-                result = wrk(url, 32, args.seconds, REQUEST, threads=2, tmp=h.tmp)
+                result = measure(h, name, url, proc.pid, [], 32, args.seconds)
                 if result["errors"]:
                     raise SystemExit(f"{name}: {result['errors']} errors")
-                runs[name].append((result["rps"], (cpu_seconds(proc.pid) - before) * 1000 / result["requests"]))
+                runs[name].append(result)
     finally:
         h.close()
 
-    nginx_rps = statistics.median(rps for rps, _ in runs["nginx"])
+    nginx_rps = statistics.median(r["rps"] for r in runs["nginx"])
     print(f"\n== front ends at concurrency 32, nice {args.nice:+d} (8 simulators; medians of {args.rounds}) ==")
     print(f"  {'front end':<16} {'req/s':>8} {'x nginx':>8} {'CPU ms/req':>11}")
     for name, results in runs.items():
-        rps = statistics.median(r for r, _ in results)
-        cpu = statistics.median(c for _, c in results)
+        rps = statistics.median(r["rps"] for r in results)
+        cpu = statistics.median(r["cpu_ms_per_req"] for r in results)
         print(f"  {name:<16} {rps:>8.0f} {rps / nginx_rps:>8.2f} {cpu:>11.3f}")
 
 
