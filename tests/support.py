@@ -129,10 +129,13 @@ class Proxy(ServerProcess):
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def chat(self, payload, timeout: float = 30, headers: dict | None = None, **kw) -> requests.Response:
+    def post(self, path: str, payload, timeout: float = 30, headers: dict | None = None, **kw) -> requests.Response:
         data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
-        return requests.post(self.url + "/v1/chat/completions", data=data, timeout=timeout,
+        return requests.post(self.url + path, data=data, timeout=timeout,
                              headers={"Content-Type": "application/json", **(headers or {})}, **kw)
+
+    def chat(self, payload, **kw) -> requests.Response:
+        return self.post("/v1/chat/completions", payload, **kw)
 
     def lb_status(self) -> dict:
         return requests.get(self.url + "/__lb_status", timeout=5).json()

@@ -1,6 +1,6 @@
-"""The request side of vLLM's chat completions API: validation, errors, prompt accounting.
+"""The request side of vLLM's OpenAI API (chat and text completions): validation, errors, prompt accounting.
 
-Validation uses a pydantic model shaped like vLLM's ChatCompletionRequest, so a wrong type gets the
+Validation uses pydantic models shaped like vLLM's ChatCompletionRequest and CompletionRequest, so a wrong type gets the
 same 400 vLLM (>= 0.10.1) sends: `{"error": {"message": "1 validation error:\\n  {...}",
 "type": "Bad Request", "param": "body.user", "code": 400}}`.
 """
@@ -13,7 +13,7 @@ import io
 import json
 import math
 from http import HTTPStatus
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -47,21 +47,12 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: Optional[bool] = False
 
 
-class ChatCompletionRequest(BaseModel):
-    """The fields of vLLM's ChatCompletionRequest the simulator acts on; others are accepted."""
+class _Request(BaseModel):
+    """What vLLM's chat and text completion requests share. Each declares its fields in vLLM's order, which is
+    the order of validation errors (the first names `param`); fields the simulator does not act on are
+    accepted."""
 
     model_config = ConfigDict(extra="allow")
-
-    messages: list[dict[str, Any]]
-    model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    seed: Optional[int] = None
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -71,13 +62,62 @@ class ChatCompletionRequest(BaseModel):
         return data
 
     @property
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options is not None and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Request):
+    """vLLM's ChatCompletionRequest (/v1/chat/completions)."""
+
+    messages: list[dict[str, Any]]
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    seed: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    user: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @property
     def thinking(self) -> bool:
         """Only chat_template_kwargs switches thinking off; a top-level enable_thinking is ignored."""
         return (self.chat_template_kwargs or {}).get("enable_thinking", True) is not False
 
+
+class CompletionRequest(_Request):
+    """vLLM's CompletionRequest (/v1/completions): a raw prompt, no chat template, so no thinking block."""
+
+    model: Optional[str] = None
+    # A list of ints is one tokenised prompt; a list of lists or of strings is a batch.
+    prompt: Optional[Union[list[int], list[list[int]], str, list[str]]] = None
+    echo: Optional[bool] = False
+    max_tokens: Optional[int] = 16  # vLLM's default for text completions
+    seed: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    suffix: Optional[str] = None
+    temperature: Optional[float] = None
+    user: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def prompt_required(cls, data):
+        if isinstance(data, dict) and data.get("prompt") in (None, "", []):
+            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        return data
+
     @property
-    def ignored_fields(self) -> list[str]:
-        return sorted(self.model_extra or {})
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: each entry is a text or a list of token ids, and gets its own choice."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -89,7 +129,7 @@ def validation_error(errors: list[dict]) -> APIError:
     return APIError(message.rstrip(), HTTPStatus.BAD_REQUEST, HTTPStatus.BAD_REQUEST.phrase, param)
 
 
-def parse_request(raw: bytes) -> ChatCompletionRequest:
+def parse_request(raw: bytes, model: type[BaseModel] = ChatCompletionRequest):
     if not raw.strip():
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
     try:
@@ -99,14 +139,14 @@ def parse_request(raw: bytes) -> ChatCompletionRequest:
         raise validation_error([{"type": "json_invalid", "loc": (pos,), "msg": "JSON decode error",
                                  "input": {}, "ctx": {"error": why}}]) from None
     try:
-        return ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e.errors(include_url=False)) from None
 
 
-def check_sampling(request: ChatCompletionRequest) -> int | None:
+def check_sampling(request: ChatCompletionRequest | CompletionRequest) -> int | None:
     """The requested completion budget (vLLM's SamplingParams checks)."""
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise APIError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
     if request.temperature is not None and request.temperature < 0:
@@ -114,7 +154,7 @@ def check_sampling(request: ChatCompletionRequest) -> int | None:
     return max_tokens
 
 
-def _text_tokens(text: str) -> int:
+def text_tokens(text: str) -> int:
     return math.ceil(len(text.encode("utf-8")) / 4)
 
 
@@ -163,12 +203,12 @@ def count_prompt(messages: list[dict], image_limit: int) -> tuple[int, int]:
         tokens += TOKENS_PER_MESSAGE
         content = message.get("content")
         if isinstance(content, str):
-            tokens += _text_tokens(content)
+            tokens += text_tokens(content)
         elif isinstance(content, list):
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
-                    tokens += _text_tokens(str(part.get("text", "")))
+                    tokens += text_tokens(str(part.get("text", "")))
                 elif kind == "image_url":
                     urls.append(_image_url(part))
                 else:
@@ -183,12 +223,12 @@ def count_prompt(messages: list[dict], image_limit: int) -> tuple[int, int]:
     return tokens, len(urls)
 
 
-def check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+def check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "messages") -> int:
     """vLLM's context check; returns the completion budget."""
     if prompt_tokens >= max_model_len:
         raise APIError(f"This model's maximum context length is {max_model_len} tokens. However, your "
                        f"request has {prompt_tokens} input tokens. Please reduce the length of the input "
-                       "messages.", param="messages")
+                       f"{param}.", param=param)
     if max_tokens is None:
         return max_model_len - prompt_tokens
     if prompt_tokens + max_tokens > max_model_len:

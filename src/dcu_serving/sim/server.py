@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -17,11 +18,13 @@ from dcu_serving.sim.faults import EngineError, Fault, FaultError, Faults, crash
 from dcu_serving.sim.metrics import Metrics
 from dcu_serving.sim.protocol import (
     APIError,
+    CompletionRequest,
     check_length,
     check_sampling,
     count_prompt,
     error_body,
     parse_request,
+    text_tokens,
 )
 
 log = logging.getLogger("dcu_serving.sim")
@@ -161,9 +164,10 @@ class Encoder:
         return self.event(choices=[choice])
 
 
-def _usage(seq: Sequence) -> dict:
-    return {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
-            "completion_tokens": seq.generated}
+def _usage(*seqs: Sequence) -> dict:
+    prompt = sum(seq.prompt_tokens for seq in seqs)
+    completion = sum(seq.generated for seq in seqs)
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
 
 def _split(seq: Sequence, reasoning_parser: bool) -> tuple[str | None, str | None]:
@@ -175,25 +179,28 @@ def _split(seq: Sequence, reasoning_parser: bool) -> tuple[str | None, str | Non
     return reasoning, "".join(seq.pieces[seq.thinking_pieces:])
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    config, faults = app[config_key], app[faults_key]
-    load_counter = app[load_key]
-    if config.enable_server_load_tracking:
-        load_counter[0] += 1
-    try:
-        return await _chat_completions(request, config, faults)
-    except APIError as err:
-        # Type and parameter only: a validation message can quote the request, prompts stay out of logs.
-        log.info("chat completion refused: %d %s (param %s)", err.status, err.err_type, err.param)
-        return _error(err)
-    finally:
+def _counted(generate):
+    """An API handler: vLLM's /load counts it while it runs; an APIError becomes its envelope."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        app = request.app
+        config, faults = app[config_key], app[faults_key]
+        load_counter = app[load_key]
         if config.enable_server_load_tracking:
-            load_counter[0] -= 1
+            load_counter[0] += 1
+        try:
+            return await generate(request, config, faults)
+        except APIError as err:
+            # Type and parameter only: a validation message can quote the request, prompts stay out of logs.
+            log.info("%s refused: %d %s (param %s)", request.path, err.status, err.err_type, err.param)
+            return _error(err)
+        finally:
+            if config.enable_server_load_tracking:
+                load_counter[0] -= 1
+    return handler
 
 
-async def _chat_completions(request: web.Request, config: SimConfig, faults: Faults) -> web.StreamResponse:
-    body = parse_request(await request.read())
+def _admit(body, config: SimConfig, faults: Faults):
+    """The checks every completion request passes before its prompt is looked at."""
     if body.model is not None and body.model not in config.served_model_names:
         raise APIError(f"The model `{body.model}` does not exist.", 404, "NotFoundError", "model")
     if body.ignored_fields:
@@ -203,6 +210,12 @@ async def _chat_completions(request: web.Request, config: SimConfig, faults: Fau
         status, kind = failure
         raise APIError(f"Simulated engine failure (dcu-vllm-sim fault {kind!r}).", status,
                        "InternalServerError" if status >= 500 else "BadRequestError")
+
+
+async def _chat_completions(request: web.Request, config: SimConfig, faults: Faults) -> web.StreamResponse:
+    """POST /v1/chat/completions."""
+    body = parse_request(await request.read())
+    _admit(body, config, faults)
     max_tokens = check_sampling(body)
     prompt_tokens, images = count_prompt(body.messages, config.image_limit)
     max_tokens = check_length(prompt_tokens, max_tokens, config.max_model_len)
@@ -214,20 +227,14 @@ async def _chat_completions(request: web.Request, config: SimConfig, faults: Fau
     model = body.model or config.served_model_names[0]
     engine = request.app[engine_key]
     if body.stream:
-        usage = body.stream_options is not None and bool(body.stream_options.include_usage)
-        return await _stream(request, engine, seq, model, usage)
+        return await _stream(request, engine, seq, model, body.include_usage)
     return await _complete(engine, seq, model)
 
 
 async def _complete(engine: Engine, seq: Sequence, model: str) -> web.Response:
     created = int(time.time())
     try:
-        async with engine.run(seq) as timer:
-            for _ in seq.pieces:
-                await timer.next_token()
-    except asyncio.CancelledError:
-        _log_abort(seq)
-        raise
+        await _generate(engine, seq)
     except EngineError as e:
         raise APIError(str(e), 500, "InternalServerError") from None
     reasoning, content = _split(seq, engine.config.reasoning_parser is not None)
@@ -289,6 +296,119 @@ async def _stream(request: web.Request, engine: Engine, seq: Sequence, model: st
     return response
 
 
+# --- text completions ----------------------------------------------------------------------------
+
+async def _text_completions(request: web.Request, config: SimConfig, faults: Faults) -> web.StreamResponse:
+    """POST /v1/completions: each prompt of a batch is its own sequence in the engine and its own choice."""
+    body = parse_request(await request.read(), CompletionRequest)
+    _admit(body, config, faults)
+    if body.suffix is not None:
+        raise APIError("suffix is not currently supported", param="suffix")
+    max_tokens = check_sampling(body)
+    request_id = f"cmpl-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
+    seqs, echoes = [], []
+    for index, prompt in enumerate(body.prompts):
+        tokens = len(prompt) if isinstance(prompt, list) else text_tokens(prompt)
+        if body.echo and isinstance(prompt, list):
+            raise APIError("echo with a prompt of token ids needs a tokenizer to print the prompt, and the "
+                           "simulator has none: send the prompt as text", param="echo")
+        budget = check_length(tokens, max_tokens, config.max_model_len, "prompt")
+        key = {"prompt": prompt, "temperature": body.temperature, "seed": body.seed}
+        seqs.append(plan(config, key, tokens, 0, False, budget, f"{request_id}-{index}"))
+        echoes.append(prompt if body.echo else "")
+    model = body.model or config.served_model_names[0]
+    enc = TextEncoder(request_id, int(time.time()), model)
+    engine = request.app[engine_key]
+    if body.stream:
+        return await _text_stream(request, engine, seqs, echoes, enc, body.include_usage)
+    try:
+        await _side_by_side(_generate(engine, seq) for seq in seqs)
+    except EngineError as e:
+        raise APIError(str(e), 500, "InternalServerError") from None
+    for seq in seqs:
+        _log_done(seq, "complete")
+    return _json({
+        "id": request_id, "object": "text_completion", "created": enc.created, "model": model,
+        "choices": [{"index": i, "text": echo + "".join(seq.pieces), "logprobs": None,
+                     "finish_reason": seq.finish_reason, "stop_reason": None, "prompt_logprobs": None}
+                    for i, (seq, echo) in enumerate(zip(seqs, echoes))],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {**_usage(*seqs), "prompt_tokens_details": None}, "kv_transfer_params": None,
+    })
+
+
+class TextEncoder:
+    """SSE bytes of a text completion stream, as vLLM's CompletionStreamResponse serialises them."""
+
+    def __init__(self, request_id: str, created: int, model: str):
+        self.created = created
+        self.head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+        self.prefix = b"data: " + json.dumps(self.head, separators=(",", ":"))[:-1].encode() + b',"choices":[{"index":'
+
+    def piece(self, index: int, text: str, finish_reason: str | None) -> bytes:
+        reason = json.dumps(finish_reason).encode()
+        return (self.prefix + str(index).encode() + b',"text":' + json.dumps(text).encode()
+                + b',"logprobs":null,"finish_reason":' + reason + b',"stop_reason":null}]}\n\n')
+
+    def usage(self, seqs: list[Sequence]) -> bytes:
+        return b"data: " + json.dumps({**self.head, "choices": [], "usage": _usage(*seqs)},
+                                      separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _text_stream(request: web.Request, engine: Engine, seqs: list[Sequence], echoes: list[str],
+                       enc: TextEncoder, include_usage: bool) -> web.StreamResponse:
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+
+    async def send(index: int, piece: int, text: str, seq: Sequence):
+        if piece == 0:
+            text = echoes[index] + text
+        last = piece == len(seq.pieces) - 1
+        await response.write(enc.piece(index, text, seq.finish_reason if last else None))
+
+    try:
+        await _side_by_side(_generate(engine, seq, functools.partial(send, i)) for i, seq in enumerate(seqs))
+        await response.write((enc.usage(seqs) if include_usage else b"") + DONE)
+        await response.write_eof()
+    except EngineError as e:
+        log.warning("request %s: %s", enc.head["id"], e)
+        await response.write(b"data: " + json.dumps(error_body(str(e), "InternalServerError", 500)).encode()
+                             + b"\n\n" + DONE)
+        await response.write_eof()
+        return response
+    except ConnectionResetError:
+        for seq in seqs:
+            _log_abort(seq)
+        return response
+    for seq in seqs:
+        _log_done(seq, "stream")
+    return response
+
+
+async def _generate(engine: Engine, seq: Sequence, send=None):
+    """Run one sequence through the engine; `send(piece number, text, seq)` as each token is made."""
+    try:
+        async with engine.run(seq) as timer:
+            for i, text in enumerate(seq.pieces):
+                await timer.next_token()
+                if send is not None:
+                    await send(i, text, seq)
+    except asyncio.CancelledError:
+        _log_abort(seq)
+        raise
+
+
+async def _side_by_side(runs):
+    """Await the runs of one request together; the first failure stops the others and is raised as it is."""
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # none left running, no failure left unread
+
+
 def _log_abort(seq: Sequence):
     log.info("request %s: client disconnected, aborted after %d tokens", seq.request_id, seq.generated)
 
@@ -316,7 +436,8 @@ def create_app(config: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/load", load)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions", _counted(_chat_completions))
+    app.router.add_post("/v1/completions", _counted(_text_completions))
     app.router.add_get("/__sim/fault", get_faults)
     app.router.add_post("/__sim/fault", post_fault)
     app.router.add_delete("/__sim/fault", delete_fault)
