@@ -16,7 +16,7 @@ from proxy.proxytools import FAST, body
 from dcu_serving.proxy import contract
 from dcu_serving.proxy.config import Contract
 from dcu_serving.proxy.errors import ProxyError
-from support import SERVED_MODEL
+from support import SERVED_MODEL, wait_until
 
 STRICT = Contract()
 RELAXED = Contract("coerce", "move", "allow", "pass", 0)
@@ -230,6 +230,28 @@ def test_a_compressed_body_is_decoded_and_a_broken_one_is_a_400(proxy):
     assert r.status_code == 400 and r.headers["X-Backend"] == "dcu-proxy"
     assert "could not be read" in r.json()["error"]["message"] and "Content-Encoding" in r.json()["error"]["message"]
     assert [line["status"] for line in proxy.results(count=2)] == [200, 400]
+
+
+def test_malformed_http_is_a_400_and_one_warning_line_not_a_traceback(proxy):
+    heads = [b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}"]
+    for head in heads:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as conn:
+            conn.sendall(head)
+            assert conn.recv(64).split(b" ")[1] == b"400"
+    assert proxy.chat(b"not gzip", headers={"Content-Encoding": "gzip"}).status_code == 400
+
+    def warnings():
+        lines = [line for line in proxy.log.read_text().splitlines() if "malformed HTTP request" in line]
+        return lines if len(lines) == 3 else None
+
+    lines = wait_until(warnings, what="a warning for each malformed request")
+    assert all(" WARNING aiohttp.server: " in line for line in lines), lines
+    assert [kind for kind in ("LineTooLong", "Duplicate 'Content-Type'", "ContentEncodingError")
+            if not any(kind in line for line in lines)] == []
+    log = proxy.log.read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log
 
 
 def test_a_body_that_stops_coming_is_a_408_at_the_deadline(start_sim, start_proxy):

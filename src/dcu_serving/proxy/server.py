@@ -12,6 +12,7 @@ import time
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -582,9 +583,27 @@ def _scan_events(block: bytes, strip_usage: bool, rec: dict) -> bytes:
 
 # -- running it --
 
+def _client_http_error(record: logging.LogRecord) -> bool:
+    """aiohttp logs a client's malformed HTTP (an oversized header, a duplicate Content-Type, a body that is not
+    the gzip it claims) as an ERROR with a traceback, after answering it with a 400. That is the caller's
+    mistake, not the proxy's: one WARNING line, so the journal's errors stay the proxy's own."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None and not (isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500):
+        exc = exc.__cause__  # a body aiohttp could not decode arrives wrapped in a RequestPayloadError
+    if exc is not None:
+        remote = f" from {record.args[0]}" if isinstance(record.args, tuple) and record.args else ""
+        reason = " ".join(str(exc.message).split())[:160]
+        record.msg = f"malformed HTTP request{remote}, answered {exc.code}: {type(exc).__name__}: %s"
+        record.args = (reason,)
+        record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        record.exc_info = record.exc_text = None
+    return True
+
+
 async def serve(config: Config, reload_config: Callable[[], Config] | None = None,
                 ready: Callable[[], None] | None = None):
     """Run until SIGTERM/SIGINT; SIGHUP reloads. Returns after a graceful drain."""
+    logging.getLogger("aiohttp.server").addFilter(_client_http_error)
     proxy = Proxy(config, reload_config)
     await proxy.start()
     loop = asyncio.get_running_loop()
