@@ -7,10 +7,13 @@
   httptools relay  an asyncio protocol parsing with httptools, the same upstream client; nothing else
 
 The relays check nothing, log nothing and count nothing: they show what the inbound HTTP server alone
-costs, the floor under any proxy built on it. wrk at concurrency 32, short non-streamed requests, paths
-interleaved; req/s and CPU per request (utime+stime) of each front end, medians over the rounds.
+costs, the floor under any proxy built on it. wrk, short non-streamed requests, paths interleaved with the
+direct path (wrk straight to the simulators); req/s, p50/p99 latency added over direct and CPU per request
+(utime+stime) of each front end, medians over the rounds.
 
-    .venv/bin/python bench/proxy_floor.py [--seconds 5] [--rounds 3] [--nice -5]
+    .venv/bin/python bench/proxy_floor.py [--seconds 5] [--rounds 3] [--connections 32] [--nice -5]
+
+`--connections 1` shows the floor of the added latency when nothing queues (issue 4's p50 <= 0.5 ms).
 
 `--nice` runs every front end at that nice value (root only), as proxy_overhead.py's extra rows do.
 """
@@ -117,6 +120,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5, help="length of each measured wrk run")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    ap.add_argument("--connections", type=int, default=32, help="wrk connections (concurrent requests)")
     ap.add_argument("--nice", type=int, default=0, help="nice value for every front end (root only)")
     ap.add_argument("--relay", choices=RELAYS, help=argparse.SUPPRESS)  # internal: run one relay
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -135,24 +139,30 @@ def main():
                   "httptools relay": start_relay(h, "httptools", sims)}
         for _, proc in fronts.values():
             os.setpriority(os.PRIO_PROCESS, proc.pid, args.nice)
-        runs: dict[str, list[dict]] = {name: [] for name in fronts}
+        runs: dict[str, list[dict]] = {name: [] for name in ("direct", *fronts)}
         order = list(fronts.items())
+        c = args.connections
         for round_ in range(args.rounds):  # interleaved, alternating order: drift hits every path alike
+            runs["direct"].append(measure(h, "direct", sims[0], None, [], c, args.seconds,
+                                          spread=sims if c > 1 else None))
             for name, (url, proc) in order if round_ % 2 == 0 else order[::-1]:
-                result = measure(h, name, url, proc.pid, [], 32, args.seconds)
+                result = measure(h, name, url, proc.pid, [], c, args.seconds)
                 if result["errors"]:
                     raise SystemExit(f"{name}: {result['errors']} errors")
                 runs[name].append(result)
     finally:
         h.close()
 
-    nginx_rps = statistics.median(r["rps"] for r in runs["nginx"])
-    print(f"\n== front ends at concurrency 32, nice {args.nice:+d} (8 simulators; medians of {args.rounds}) ==")
-    print(f"  {'front end':<16} {'req/s':>8} {'x nginx':>8} {'CPU ms/req':>11}")
-    for name, results in runs.items():
-        rps = statistics.median(r["rps"] for r in results)
-        cpu = statistics.median(r["cpu_ms_per_req"] for r in results)
-        print(f"  {name:<16} {rps:>8.0f} {rps / nginx_rps:>8.2f} {cpu:>11.3f}")
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    print(f"\n== front ends at concurrency {c}, nice {args.nice:+d} (8 simulators; medians of {args.rounds}) ==")
+    print(f"  {'path':<16} {'req/s':>8} {'x nginx':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU ms/req':>11}")
+    for name in runs:
+        rps = median(name, "rps")
+        added = "".join(f" {median(name, p) - median('direct', p):>+8.3f}" for p in ("p50", "p99"))
+        cpu = f"{median(name, 'cpu_ms_per_req'):>11.3f}" if name != "direct" else f"{'-':>11}"
+        print(f"  {name:<16} {rps:>8.0f} {rps / median('nginx', 'rps'):>8.2f}{added} {cpu}")
 
 
 if __name__ == "__main__":
