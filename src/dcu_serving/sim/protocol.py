@@ -1,7 +1,7 @@
 """The request side of vLLM's OpenAI API (chat and text completions): validation, errors, prompt accounting.
 
-Validation uses pydantic models shaped like vLLM's ChatCompletionRequest and CompletionRequest, so a wrong type gets the
-same 400 vLLM (>= 0.10.1) sends: `{"error": {"message": "1 validation error:\\n  {...}",
+Validation uses pydantic models shaped like vLLM's ChatCompletionRequest and CompletionRequest, so a wrong
+type gets the same 400 vLLM (>= 0.10.1) sends: `{"error": {"message": "1 validation error:\\n  {...}",
 "type": "Bad Request", "param": "body.user", "code": 400}}`.
 """
 
