@@ -597,6 +597,7 @@ def _client_http_error(record: logging.LogRecord) -> bool:
         record.args = (reason,)
         record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
         record.exc_info = record.exc_text = None
+        return logging.getLogger(record.name).isEnabledFor(logging.WARNING)  # it passed as an ERROR
     return True
 
 
