@@ -376,9 +376,7 @@ async def _text_stream(request: web.Request, engine: Engine, seqs: list[Sequence
                              + b"\n\n" + DONE)
         await response.write_eof()
         return response
-    except ConnectionResetError:
-        for seq in seqs:
-            _log_abort(seq)
+    except ConnectionResetError:  # the caller left; _generate logged each sequence it cut short
         return response
     for seq in seqs:
         _log_done(seq, "stream")
@@ -393,7 +391,7 @@ async def _generate(engine: Engine, seq: Sequence, send=None):
                 await timer.next_token()
                 if send is not None:
                     await send(i, text, seq)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ConnectionResetError):
         _log_abort(seq)
         raise
 
