@@ -41,7 +41,7 @@ def test_max_tokens_defaults_to_16_as_in_vllm(start_sim):
     assert answer["choices"][0]["finish_reason"] == "length"
 
 
-def test_a_batch_gets_one_choice_per_prompt_and_runs_side_by_side(sim):
+def test_a_batch_gets_one_choice_and_one_engine_sequence_per_prompt(sim):
     prompts = ["First invoice:", "Second invoice:", "Third invoice:"]
     answer = complete(sim, text_body(prompts, max_tokens=4)).json()
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
