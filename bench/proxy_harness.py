@@ -69,6 +69,7 @@ class Harness:
     def __init__(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="dcu-proxy-bench-"))
         self.procs: list[subprocess.Popen] = []
+        self.sim_pids: list[int] = []  # of every simulator started, for their CPU time
         model_dir = self.tmp / "models" / MODEL
         model_dir.mkdir(parents=True)
         (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
@@ -84,9 +85,10 @@ class Harness:
         urls = []
         for _ in range(count):
             port = free_port()
-            self.spawn([sys.executable, "-m", "dcu_serving.sim", "serve", str(self.model_dir), "--host",
-                         "127.0.0.1", "--port", str(port), "--served-model-name", MODEL, *sim_args],
-                        f"sim-{port}.log")
+            proc = self.spawn([sys.executable, "-m", "dcu_serving.sim", "serve", str(self.model_dir), "--host",
+                               "127.0.0.1", "--port", str(port), "--served-model-name", MODEL, *sim_args],
+                              f"sim-{port}.log")
+            self.sim_pids.append(proc.pid)
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             wait_for(lambda u=url: http_status(u + "/health") == 200, 60, f"{url}/health")

@@ -263,8 +263,7 @@ def main():
     h = Harness()
     try:
         sims = h.start_sims(8, *FAST_SIM)
-        sim_pids = [proc.pid for proc in h.procs[-len(sims):]]
-        res = {"overhead": phase_overhead(h, sims, sim_pids, args.seconds, args.rounds)}
+        res = {"overhead": phase_overhead(h, sims, h.sim_pids, args.seconds, args.rounds)}
         res["queue_rss"] = phase_queue_rss(h, sims, args.queued)
         res["itl_ms"] = args.itl_ms
         res["streaming"] = phase_streaming(h, args.itl_ms)

@@ -317,9 +317,10 @@ async def _text_completions(request: web.Request, config: SimConfig, faults: Fau
         seqs.append(plan(config, key, tokens, 0, False, budget, f"{request_id}-{index}"))
         echoes.append(prompt if body.echo else "")
     model = body.model or config.served_model_names[0]
-    enc = TextEncoder(request_id, int(time.time()), model)
+    created = int(time.time())
     engine = request.app[engine_key]
     if body.stream:
+        enc = TextEncoder(request_id, created, model)
         return await _text_stream(request, engine, seqs, echoes, enc, body.include_usage)
     try:
         await _side_by_side(_generate(engine, seq) for seq in seqs)
@@ -328,7 +329,7 @@ async def _text_completions(request: web.Request, config: SimConfig, faults: Fau
     for seq in seqs:
         _log_done(seq, "complete")
     return _json({
-        "id": request_id, "object": "text_completion", "created": enc.created, "model": model,
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": i, "text": echo + "".join(seq.pieces), "logprobs": None,
                      "finish_reason": seq.finish_reason, "stop_reason": None, "prompt_logprobs": None}
                     for i, (seq, echo) in enumerate(zip(seqs, echoes))],
@@ -341,7 +342,6 @@ class TextEncoder:
     """SSE bytes of a text completion stream, as vLLM's CompletionStreamResponse serialises them."""
 
     def __init__(self, request_id: str, created: int, model: str):
-        self.created = created
         self.head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
         self.prefix = b"data: " + json.dumps(self.head, separators=(",", ":"))[:-1].encode() + b',"choices":[{"index":'
 
