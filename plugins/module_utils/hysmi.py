@@ -1,14 +1,22 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see the collection's LICENSE)
-"""Read Hygon DCU cards from hy-smi output and from sysfs.
+"""Read Hygon DCU cards from sysfs and from hy-smi, the way they look on real hosts.
 
-hy-smi prints several formats across driver generations: newer drivers say HCU where older ones say
-DCU, JSON keys start at card0 or card1, the JSON may be preceded by banner lines, the PCI bus may carry
-a ``--> SN: ...`` suffix and memory comes in MiB or bytes. Every parser here accepts all of them.
+Which devices are cards is sysfs's answer. Hygon CPUs expose PCI functions with the DCU vendor id 0x1d94
+too (root complexes, IOMMU, the PSP/crypto coprocessor, data fabric; BW boxes add PCIe switch functions),
+so a two-socket host lists well over a hundred 0x1d94 functions. A card is a 0x1d94 device that the DCU
+driver (hycu, or hydcu up to 6.2) binds or that has DRM nodes, as Hygon's container toolkit reads them.
+A display-class 0x1d94 device or a known DCU device id without either is a card the driver did not bind.
 
-sysfs is the fallback that needs no vendor tool: DCUs are the PCI devices of vendor 0x1d94; the card
-index is the position in sorted PCI address order, and ``/dev/dri/cardN`` is NOT the index (card0 is
-usually the onboard VGA), so DRM nodes are mapped through their ``device`` link's PCI address.
+The card index is hy-smi's (HCU[N]), which is what HIP_VISIBLE_DEVICES and operators use. It is NOT the
+PCI address order: hy-smi numbers cards in the order the driver registered them (the DRM minor order of
+its rocm-smi lineage). So hy-smi rows are matched to sysfs devices by PCI address, never by position,
+and without hy-smi the index is the DRM card order. DRM nodes always come from sysfs: /dev/dri/cardN is
+not the index either (card0 is usually the onboard VGA).
+
+hy-smi is not a clean JSON API: it needs its daemon (hymgr), may refuse --json without field flags, has
+printed log lines before the JSON and JSON with missing commas, says HCU or DCU, numbers cards from card0
+or card1 and gives memory in MiB or bytes. Every parser here accepts all of that (docs/field-evidence.md).
 """
 
 import json
@@ -18,27 +26,53 @@ import re
 DCU_VENDOR = "0x1d94"
 MIB = 1024 * 1024
 
-# PCI device id -> card series (shared/reference/dcu-host.md).
+# PCI device id -> card series (shared/reference/dcu-host.md, docs/field-evidence.md).
 SERIES_BY_DEVICE = {
     "0x6210": "K100_AI",
     "0x62b7": "K100",
     "0x55b7": "Z100L",
+    "0x54b7": "Z100",
     "0x6370": "BW100",
+    "0x6320": "BW1000",  # also BW150
+    "0x6430": "BW1100",
+    "0x6211": "K100_AI_ECO",
 }
 
 # Kernel module names: hydcu for drivers up to 6.2, hycu from 6.3 on.
 DRIVER_MODULES = ("hycu", "hydcu")
 
-_CARD_KEY = re.compile(r"^card(\d+)$")
-_BDF = re.compile(r"([0-9a-fA-F]{4}:)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
+# PCI classes a DCU reports: Z100L is a display controller (0x0380), K100, K100_AI and BW are co-processors
+# (0x0b40); 0x12 (processing accelerator) is GPUStack's guess too. Anything else with vendor 0x1d94 (host and
+# PCI bridges 0x06, IOMMU 0x0806, encryption 0x1080, instrumentation 0x1300, ...) is a CPU or switch function.
+CARD_CLASSES = ("0x03", "0x12", "0x0b40")
+
+# What hy-smi is asked for: named fields, never bare --json (refused on some drivers).
+FIELD_FLAGS = ["--showbus", "--showproductname", "--showmeminfo", "vram", "--showtoponuma"]
+
+_CARD_KEY = re.compile(r"^card(\d+)$", re.IGNORECASE)
+_BDF = re.compile(r"(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\b")
 _TABLE_HEADER = re.compile(r"^\s*(HCU|DCU)\s+\S")
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+\S")
-_CARD_LINE = re.compile(r"^\s*(?:HCU|DCU)\[(\d+)\]\s*:\s*(.+?)\s*:\s*(.*?)\s*$")
-_DRIVER_VERSION = re.compile(r"Driver Version\s*:\s*(\S+)", re.IGNORECASE)
+# 'HCU[0]          : PCI Bus: 0000:05:00.0', rocm-smi's tab-separated 'GPU[0]\t\t: ...', ROCm 5's 'GPU 0   : ...'
+_CARD_LINE = re.compile(r"^\s*(?:HCU|DCU|GPU)\s*\[?\s*(\d+)\s*\]?\s*:\s*(.*?)\s*$")
+_KEY_VALUE = re.compile(r"^(.*?):\s+(.*)$")
+# hy-smi --showtopo prints no colon: '(Topology) Numa Node 0'
+_KEY_LAST_WORD = re.compile(r"^(.*\S)\s+(\S+)$")
+_DRIVER_VERSION = re.compile(r"Driver\s+Version\s*:?\s*(\S+)", re.IGNORECASE)
+
+# Field names across drivers, compared case-insensitively.
+_PCI_KEYS = ("pci bus",)
+_SERIES_KEYS = ("card series", "card sku", "card model")
+_NUMA_KEYS = ("(topology) numa node", "numa node")
+_VRAM_TOTAL = "vram total memory"
+_VRAM_USED = "vram total used memory"
 
 
 class HySmiParseError(ValueError):
     """hy-smi printed something that holds no card data."""
+
+
+# --- sysfs -------------------------------------------------------------------------------------------
 
 
 def normalize_bdf(text):
@@ -48,32 +82,133 @@ def normalize_bdf(text):
     match = _BDF.search(str(text))
     if not match:
         return None
-    domain = (match.group(1) or "0000:").lower()
-    return "{}{}:{}.{}".format(domain, match.group(2).lower(), match.group(3).lower(), match.group(4))
+    domain = (match.group(1) or "0000").lower()
+    return "{}:{}:{}.{}".format(domain, match.group(2).lower(), match.group(3).lower(), match.group(4))
 
 
-def _number(value):
+def _read(path):
     try:
-        number = float(str(value).strip())
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(text):
+    try:
+        return int(text, 0) if isinstance(text, str) and text.startswith("0x") else int(text)
     except (TypeError, ValueError):
         return None
-    return int(number) if number.is_integer() else number
 
 
-def _memory_mib(card, what):
-    """VRAM from '<what> (MiB)' or '<what> (B)' keys, in MiB; keys compared case-insensitively."""
-    lowered = {key.lower(): value for key, value in card.items()}
-    mib = _number(lowered.get("{} (mib)".format(what.lower())))
-    if mib is not None:
-        return int(mib)
-    size = _number(lowered.get("{} (b)".format(what.lower())))
-    if size is not None:
-        return int(size // MIB)
-    return None
+def _node_minor(name):
+    digits = re.sub(r"\D", "", name or "")
+    return int(digits) if digits else None
 
 
-def _json_objects(text):
-    """Every JSON object embedded in `text`, in order, skipping banner and log lines around them."""
+def drm_nodes(sysfs_root="/sys"):
+    """{'card1': '0000:04:00.0', 'renderD128': '0000:04:00.0', ...} for every DRM node with a PCI device."""
+    drm_dir = os.path.join(sysfs_root, "class", "drm")
+    nodes = {}
+    try:
+        names = os.listdir(drm_dir)
+    except OSError:
+        return nodes
+    for name in names:
+        if not re.match(r"^(card|renderD)\d+$", name):
+            continue  # connectors such as card1-DP-1, and the version file
+        bdf = normalize_bdf(os.path.basename(os.path.realpath(os.path.join(drm_dir, name, "device"))))
+        if bdf:
+            nodes[name] = bdf
+    return nodes
+
+
+def pci_functions(sysfs_root="/sys"):
+    """Every PCI function of vendor 0x1d94, sorted by address, with what sysfs says about it.
+
+    Each: pci_bus, device_id, class (e.g. '0x038000'), driver (the bound driver's name or None),
+    numa_node, vram_total_mib, card and render (DRM node names or None), kind ('card', 'unbound' or
+    'platform': a CPU or switch function).
+    """
+    pci_dir = os.path.join(sysfs_root, "bus", "pci", "devices")
+    try:
+        addresses = sorted(os.listdir(pci_dir))
+    except OSError:
+        addresses = []
+    functions = {}
+    for address in addresses:
+        device_dir = os.path.join(pci_dir, address)
+        if (_read(os.path.join(device_dir, "vendor")) or "").lower() != DCU_VENDOR:
+            continue
+        bdf = normalize_bdf(address)
+        device_id = (_read(os.path.join(device_dir, "device")) or "").lower() or None
+        driver_link = os.path.join(device_dir, "driver")
+        driver = os.path.basename(os.path.realpath(driver_link)) if os.path.islink(driver_link) else None
+        vram = _int(_read(os.path.join(device_dir, "mem_info_vram_total")))
+        numa = _int(_read(os.path.join(device_dir, "numa_node")))
+        functions[bdf] = {
+            "pci_bus": bdf,
+            "device_id": device_id,
+            "class": (_read(os.path.join(device_dir, "class")) or "").lower() or None,
+            "driver": driver,
+            # The kernel reports -1 when the platform gives no NUMA information.
+            "numa_node": numa if numa is not None and numa >= 0 else None,
+            "vram_total_mib": vram // MIB if vram is not None else None,
+            "card": None,
+            "render": None,
+        }
+    for name, bdf in drm_nodes(sysfs_root).items():
+        function = functions.get(bdf)
+        if function is None:
+            continue
+        kind = "render" if name.startswith("renderD") else "card"
+        # Several nodes of one kind per device would be unusual; keep the lowest minor.
+        if function[kind] is None or _node_minor(name) < _node_minor(function[kind]):
+            function[kind] = name
+    for function in functions.values():
+        function["kind"] = _kind(function)
+    return [functions[bdf] for bdf in sorted(functions)]
+
+
+def _kind(function):
+    if function["driver"] in DRIVER_MODULES or function["card"] or function["render"]:
+        return "card"
+    if function["device_id"] in SERIES_BY_DEVICE or (function["class"] or "").startswith(CARD_CLASSES):
+        return "unbound"
+    return "platform"
+
+
+def sysfs_cards(functions):
+    """The cards among pci_functions(), in DRM order (hy-smi's order), each with its index."""
+    cards = [dict(f) for f in functions if f["kind"] == "card"]
+
+    def drm_order(card):
+        card_minor, render_minor = _node_minor(card["card"]), _node_minor(card["render"])
+        return (card_minor is None, card_minor or 0, render_minor is None, render_minor or 0, card["pci_bus"])
+
+    cards.sort(key=drm_order)
+    for index, card in enumerate(cards):
+        card["index"] = index
+    return cards
+
+
+def loaded_driver(sysfs_root="/sys"):
+    """(module name, version or None) of the loaded DCU kernel module, or (None, None).
+
+    /sys/module/<name>/version may be missing even while the module is loaded: the caller asks hy-smi.
+    """
+    for module in DRIVER_MODULES:
+        module_dir = os.path.join(sysfs_root, "module", module)
+        if os.path.isdir(module_dir):
+            return module, _read(os.path.join(module_dir, "version")) or None
+    return None, None
+
+
+# --- hy-smi ------------------------------------------------------------------------------------------
+
+
+def json_objects(text):
+    """Every JSON object in `text`, in order, skipping log lines around them and mending missing commas."""
     decoder = json.JSONDecoder()
     objects, pos = [], 0
     while True:
@@ -83,21 +218,60 @@ def _json_objects(text):
         try:
             obj, end = decoder.raw_decode(text, start)
         except ValueError:
-            pos = start + 1
-            continue
+            obj, end = _mended(text, start, decoder)
+            if obj is None:
+                pos = start + 1
+                continue
         if isinstance(obj, dict):
             objects.append(obj)
         pos = end
 
 
-def parse_json(text):
-    """Parse `hy-smi --json` (any extra flags) into a list of card dicts sorted by index.
+def _mended(text, start, decoder):
+    """Decode the object at `start` after putting back the commas hy-smi left out; (None, start) if it fails.
 
-    Each card: index, pci_bus, series, numa_node, vram_total_mib, vram_used_mib, serial, raw (the
-    original key/value pairs). Indexes are 0-based whether the keys start at card0 or card1.
+    hy-smi has printed `"91.0""Average GFX Core Power (W)": "20.0"`: a value directly followed by the next
+    key. Outside strings, a string or object that starts right after a complete value gets a comma.
     """
+    out, depth, in_string, escaped, after_value = [], 0, False, False, False
+    for pos in range(start, len(text)):
+        char = text[pos]
+        if in_string:
+            out.append(char)
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string, after_value = False, True
+            continue
+        if char in '"{' and after_value:
+            out.append(",")
+        if char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += char == "{"
+            after_value = False
+        elif char in "}]":
+            depth -= char == "}"
+            after_value = True
+        elif char in ":,":
+            after_value = False
+        elif not char.isspace():
+            after_value = True  # a number, true, false or null
+        out.append(char)
+        if depth == 0:
+            try:
+                return decoder.decode("".join(out)), pos + 1
+            except ValueError:
+                return None, start
+    return None, start
+
+
+def parse_fields_json(text):
+    """hy-smi --json (with field flags) -> {index: {field: value}}; 0-based whether keys start at card0 or card1."""
     cards = {}
-    for obj in _json_objects(text):
+    for obj in json_objects(text):
         for key, value in obj.items():
             match = _CARD_KEY.match(str(key))
             if match and isinstance(value, dict):
@@ -105,29 +279,74 @@ def parse_json(text):
     if not cards:
         raise HySmiParseError("no card<N> objects in the hy-smi JSON output")
     base = min(cards)
-    parsed = []
-    for number in sorted(cards):
-        raw = cards[number]
-        numa = _number(raw.get("(Topology) Numa Node"))
-        parsed.append({
-            "index": number - base,
-            "pci_bus": normalize_bdf(raw.get("PCI Bus")),
-            "series": (raw.get("Card Series") or "").strip() or None,
-            "numa_node": numa if isinstance(numa, int) else None,
-            "vram_total_mib": _memory_mib(raw, "vram Total Memory"),
-            "vram_used_mib": _memory_mib(raw, "vram Total Used Memory"),
-            "serial": (raw.get("Serial Number") or "").strip() or None,
-            "raw": raw,
+    return {number - base: fields for number, fields in cards.items()}
+
+
+def parse_card_lines(text):
+    """'HCU[0]   : PCI Bus: 0000:05:00.0' lines (hy-smi with field flags, -a) -> {index: {field: value}}."""
+    cards = {}
+    for line in text.splitlines():
+        match = _CARD_LINE.match(line)
+        if not match:
+            continue
+        pair = _KEY_VALUE.match(match.group(2)) or _KEY_LAST_WORD.match(match.group(2))
+        if pair:
+            cards.setdefault(int(match.group(1)), {})[pair.group(1).strip()] = pair.group(2).strip()
+    return cards
+
+
+def parse_fields_text(text):
+    cards = parse_card_lines(text)
+    if not cards:
+        raise HySmiParseError("no HCU[N]/DCU[N] lines in the hy-smi output")
+    return cards
+
+
+def _field(fields, names):
+    lowered = {str(key).strip().lower(): value for key, value in fields.items()}
+    for name in names:
+        if name in lowered and str(lowered[name]).strip():
+            return str(lowered[name]).strip()
+    return None
+
+
+def _number(value):
+    try:
+        number = float(str(value).strip().rstrip("%"))
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else number
+
+
+def _memory_mib(fields, what):
+    """VRAM from '<what> (MiB)' or '<what> (B)' fields, in MiB."""
+    mib = _number(_field(fields, ["{} (mib)".format(what)]))
+    if mib is not None:
+        return int(mib)
+    size = _number(_field(fields, ["{} (b)".format(what)]))
+    return int(size // MIB) if size is not None else None
+
+
+def smi_cards(fields_by_index):
+    """{index: fields} -> [{index, pci_bus, series, numa_node, vram_total_mib, vram_used_mib, serial}]."""
+    cards = []
+    for index in sorted(fields_by_index):
+        fields = fields_by_index[index]
+        numa = _number(_field(fields, _NUMA_KEYS))
+        cards.append({
+            "index": index,
+            "pci_bus": normalize_bdf(_field(fields, _PCI_KEYS)),
+            "series": _field(fields, _SERIES_KEYS),
+            "numa_node": numa if isinstance(numa, int) and numa >= 0 else None,
+            "vram_total_mib": _memory_mib(fields, _VRAM_TOTAL),
+            "vram_used_mib": _memory_mib(fields, _VRAM_USED),
+            "serial": _field(fields, ("serial number",)),
         })
-    return parsed
+    return cards
 
 
 def parse_table(text):
-    """Parse the default hy-smi table: the card indexes and each row's columns by header name.
-
-    Returns (label, rows) where label is 'HCU' or 'DCU' (the header's first column) and rows is a list
-    of dicts {'index': int, <header>: <cell>, ...}.
-    """
+    """The default hy-smi table -> (label, rows): label 'HCU' or 'DCU', rows [{'index': N, <header>: cell}]."""
     header, rows = None, []
     for line in text.splitlines():
         if header is None:
@@ -146,163 +365,84 @@ def parse_table(text):
     return header[0], rows
 
 
-def parse_card_lines(text):
-    """Parse 'HCU[0]   : Key: value' lines (hy-smi -a, --showmemavailable) into {index: {key: value}}."""
-    cards = {}
-    for line in text.splitlines():
-        match = _CARD_LINE.match(line)
-        if match:
-            cards.setdefault(int(match.group(1)), {})[match.group(2)] = match.group(3)
-    return cards
-
-
-def parse_memavailable(text):
-    """`hy-smi --showmemavailable` -> {index: available MiB}; byte variants converted to MiB."""
-    available = {}
-    for index, values in parse_card_lines(text).items():
-        mib = _memory_mib(values, "Available memory size")
-        if mib is not None:
-            available[index] = mib
-    return available
-
-
 def parse_driver_version(text):
-    """`hy-smi --showdriverversion` -> the version string, or None."""
-    match = _DRIVER_VERSION.search(text)
-    return match.group(1) if match else None
+    """`hy-smi --showdriverversion` (text or JSON) -> the version string, or None."""
+    for obj in json_objects(text or ""):
+        for value in obj.values():
+            found = _field(value, ("driver version",)) if isinstance(value, dict) else None
+            if found:
+                return found
+    match = _DRIVER_VERSION.search(text or "")
+    return match.group(1).strip('",') if match else None
 
 
-def _read(path):
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
+def explain_failure(output):
+    """What an hy-smi failure means and what to do, from its output; None when not recognised."""
+    lowered = (output or "").lower()
+    if "connect server failed" in lowered or "connect to server" in lowered or "hymgr" in lowered:
+        return "hy-smi cannot reach the hymgr daemon: start it (systemctl start hymgr) and check its log"
+    if "concise output" in lowered:
+        return "this hy-smi refuses --json without field flags"
+    if "not loaded" in lowered or "no hcu" in lowered or "no dcu" in lowered:
+        return "the DCU driver is not loaded (hy-smi --loaddriver, or reboot after installing rock)"
+    return None
 
 
-def _int(text):
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return None
+# --- both --------------------------------------------------------------------------------------------
 
 
-def discover_sysfs(sysfs_root="/sys"):
-    """DCUs from sysfs, sorted by PCI address, with their DRM nodes.
+def merge(functions, smi=None):
+    """The cards: sysfs's devices with hy-smi's index and readings where hy-smi answered.
 
-    Each card: index, pci_bus, device_id, series, numa_node, vram_total_mib, card (e.g. 'card1'),
-    render (e.g. 'renderD128'); card/render are None when the driver created no node for it.
+    Returns (cards, problems). hy-smi rows are matched by PCI address; a row whose address sysfs does not
+    know, or that has none, is reported and dropped (sysfs decides which devices exist). A sysfs card that
+    hy-smi does not list keeps a place after hy-smi's in DRM order, and is reported. hy-smi's NUMA node
+    wins where both have one: old kernels reported 0 for every card in sysfs.
     """
-    pci_dir = os.path.join(sysfs_root, "bus", "pci", "devices")
-    cards = {}
-    try:
-        addresses = sorted(os.listdir(pci_dir))
-    except OSError:
-        addresses = []
-    for bdf in addresses:
-        device_dir = os.path.join(pci_dir, bdf)
-        if (_read(os.path.join(device_dir, "vendor")) or "").lower() != DCU_VENDOR:
+    by_bdf = {card["pci_bus"]: card for card in sysfs_cards(functions)}
+    problems = []
+    if smi is None:
+        return [_card(card["index"], card, {}) for card in sorted(by_bdf.values(), key=lambda c: c["index"])], problems
+    cards, seen = [], set()
+    for row in smi:
+        sysfs = by_bdf.get(row["pci_bus"])
+        if sysfs is None:
+            problems.append("hy-smi lists card {} at PCI {}, which sysfs does not show as a DCU card".format(
+                row["index"], row["pci_bus"] or "(no address)"))
             continue
-        device_id = (_read(os.path.join(device_dir, "device")) or "").lower() or None
-        vram = _int(_read(os.path.join(device_dir, "mem_info_vram_total")))
-        numa = _int(_read(os.path.join(device_dir, "numa_node")))
-        cards[normalize_bdf(bdf)] = {
-            "pci_bus": normalize_bdf(bdf),
-            "device_id": device_id,
-            "series": SERIES_BY_DEVICE.get(device_id),
-            # The kernel reports -1 when the platform gives no NUMA information.
-            "numa_node": numa if numa is not None and numa >= 0 else None,
-            "vram_total_mib": vram // MIB if vram is not None else None,
-            "card": None,
-            "render": None,
-        }
-    for name, bdf in drm_nodes(sysfs_root).items():
-        card = cards.get(bdf)
-        if card is None:
-            continue
-        kind = "render" if name.startswith("renderD") else "card"
-        # Several nodes of one kind per device would be unusual; keep the lowest minor.
-        if card[kind] is None or _node_minor(name) < _node_minor(card[kind]):
-            card[kind] = name
-    ordered = [cards[bdf] for bdf in sorted(cards)]
-    for index, card in enumerate(ordered):
-        card["index"] = index
-    return ordered
+        seen.add(row["pci_bus"])
+        cards.append(_card(row["index"], sysfs, row))
+    next_index = max([card["index"] for card in cards] + [-1]) + 1
+    for sysfs in sorted(by_bdf.values(), key=lambda c: c["index"]):
+        if sysfs["pci_bus"] not in seen:
+            problems.append("sysfs shows a DCU card at PCI {} that hy-smi does not list".format(sysfs["pci_bus"]))
+            cards.append(_card(next_index, sysfs, {}))
+            next_index += 1
+    return sorted(cards, key=lambda card: card["index"]), problems
 
 
-def _node_minor(name):
-    return int(re.sub(r"\D", "", name) or 0)
+def _card(index, sysfs, smi):
+    def pick(key):
+        value = smi.get(key)
+        return value if value is not None else sysfs.get(key)
 
-
-def drm_nodes(sysfs_root="/sys"):
-    """{'card1': '0000:04:00.0', 'renderD128': '0000:04:00.0', ...} for every DRM node with a PCI device."""
-    drm_dir = os.path.join(sysfs_root, "class", "drm")
-    nodes = {}
-    try:
-        names = os.listdir(drm_dir)
-    except OSError:
-        return nodes
-    for name in names:
-        if not re.match(r"^(card|renderD)\d+$", name):
-            continue  # connectors such as card1-DP-1 and the version file
-        target = os.path.realpath(os.path.join(drm_dir, name, "device"))
-        bdf = normalize_bdf(os.path.basename(target))
-        if bdf:
-            nodes[name] = bdf
-    return nodes
-
-
-def loaded_driver(sysfs_root="/sys"):
-    """(module name, version) of the loaded DCU kernel module, or (None, None) when none is loaded."""
-    for module in DRIVER_MODULES:
-        module_dir = os.path.join(sysfs_root, "module", module)
-        if os.path.isdir(module_dir):
-            return module, _read(os.path.join(module_dir, "version"))
-    return None, None
-
-
-def merge_cards(sysfs_cards, smi_cards=None, table_rows=None):
-    """Combine hy-smi's view of the cards with sysfs (which alone knows the DRM nodes).
-
-    hy-smi JSON cards are matched to sysfs by PCI address and fall back to position; table rows carry
-    only indexes and take everything else from sysfs at the same position. hy-smi values win where
-    both have one (sysfs reported NUMA node 0 for every card on old kernels).
-    """
-    by_bdf = {card["pci_bus"]: card for card in sysfs_cards}
-    merged = []
-    if smi_cards is not None:
-        for position, smi in enumerate(smi_cards):
-            sysfs = by_bdf.get(smi["pci_bus"])
-            if sysfs is None and smi["pci_bus"] is None and position < len(sysfs_cards):
-                sysfs = sysfs_cards[position]
-            sysfs = sysfs or {}
-            merged.append(_card(
-                smi["index"],
-                smi["pci_bus"] or sysfs.get("pci_bus"),
-                smi["series"] or sysfs.get("series"),
-                smi["numa_node"] if smi["numa_node"] is not None else sysfs.get("numa_node"),
-                smi["vram_total_mib"] if smi["vram_total_mib"] is not None else sysfs.get("vram_total_mib"),
-                sysfs,
-            ))
-        return merged
-    if table_rows is not None:
-        for position, row in enumerate(sorted(table_rows, key=lambda row: row["index"])):
-            sysfs = sysfs_cards[position] if position < len(sysfs_cards) else {}
-            merged.append(_card(row["index"], sysfs.get("pci_bus"), sysfs.get("series"),
-                                sysfs.get("numa_node"), sysfs.get("vram_total_mib"), sysfs))
-        return merged
-    return [_card(card["index"], card["pci_bus"], card["series"], card["numa_node"],
-                  card["vram_total_mib"], card) for card in sysfs_cards]
-
-
-def _card(index, pci_bus, series, numa_node, vram_total_mib, sysfs):
-    card, render = sysfs.get("card"), sysfs.get("render")
     return {
         "index": index,
-        "pci_bus": pci_bus,
-        "series": series,
-        "numa_node": numa_node,
-        "vram_total_mib": vram_total_mib,
-        "card_node": "/dev/dri/" + card if card else None,
-        "render_node": "/dev/dri/" + render if render else None,
+        "pci_bus": sysfs["pci_bus"],
+        "device_id": sysfs.get("device_id"),
+        "series": pick("series") or SERIES_BY_DEVICE.get(sysfs.get("device_id")),
+        "numa_node": pick("numa_node"),
+        "vram_total_mib": pick("vram_total_mib"),
+        "driver": sysfs.get("driver"),
+        "card_node": "/dev/dri/" + sysfs["card"] if sysfs.get("card") else None,
+        "render_node": "/dev/dri/" + sysfs["render"] if sysfs.get("render") else None,
     }
+
+
+def describe_function(function):
+    """One line an operator can act on: '0000:05:00.0 (0x6370 BW100): driver none, no DRM nodes'."""
+    series = SERIES_BY_DEVICE.get(function.get("device_id"))
+    nodes = [node for node in (function.get("card"), function.get("render")) if node]
+    return "{} ({}{}): driver {}, {}".format(
+        function["pci_bus"], function.get("device_id") or "unknown id", " " + series if series else "",
+        function.get("driver") or "none", "DRM nodes " + "+".join(nodes) if nodes else "no DRM nodes")

@@ -14,8 +14,11 @@ description:
     plugin's health check does.
   - Reports per node the owner, group, mode and result. Never changes anything.
   - On failure the message is the diagnosis and the fix. A missing C(/dev/kfd) means the driver is not
-    loaded; permission denied names the group the user lacks and the C(usermod) command; fewer render
-    nodes than expected cards names the missing ones.
+    loaded; permission denied names the group the user lacks and the C(usermod) command, or, for a node
+    left to group C(root), the udev rule that gives it a device group; fewer render nodes than expected
+    cards names the missing ones and the DCUs the driver did not bind.
+  - Cards are the vendor C(0x1d94) devices the DCU driver binds (the CPUs' own C(0x1d94) functions are
+    not cards), with their render nodes mapped by PCI address.
 author:
   - dcu-serving contributors
 attributes:
@@ -33,12 +36,11 @@ options:
   expected_cards:
     description:
       - Number of cards the host must expose. Fewer render nodes fail, naming the missing ones.
-      - Defaults to the number of O(render_nodes) when given, else to the number of DCUs (PCI vendor
-        C(0x1d94)) sysfs lists.
+      - Defaults to the number of O(render_nodes) when given, else to the number of cards sysfs lists.
     type: int
   render_nodes:
     description:
-      - Render nodes to open. Defaults to the render node of every DCU sysfs lists (mapped by PCI
+      - Render nodes to open. Defaults to the render node of every card sysfs lists (mapped by PCI
         address, since C(renderD) numbers are not card indexes).
     type: list
     elements: path
@@ -198,6 +200,12 @@ def diagnose(node, account_name, group_names):
                "driver's load messages (`dmesg | grep -i hy`)".format(path)
     if result == "permission denied":
         group = node["group"]
+        if group == "root":
+            # Never advise adding a service user to root: the node lacks its device group.
+            return "{}: permission denied — the node belongs to group root (mode {}), so no service user " \
+                   "may open it. Fix: give it a device group with a udev rule (role dcu.serving.dcu_driver " \
+                   "installs /etc/udev/rules.d/70-dcu.rules: GROUP=\"render\" or \"video\", MODE=\"0660\"), " \
+                   "then `udevadm control --reload-rules && udevadm trigger`".format(path, node["mode"])
         if group not in group_names:
             return "{}: permission denied — user {} is not in group {} (owner of the node). Fix: " \
                    "`usermod -aG {} {}`, then restart the user's services or sessions".format(
@@ -230,14 +238,16 @@ def main():
 
     problems = []
     dev_root = params["dev_root"]
-    cards = hysmi.discover_sysfs(params["sysfs_root"])
+    functions = hysmi.pci_functions(params["sysfs_root"])
+    cards = hysmi.sysfs_cards(functions)
+    unbound = [f for f in functions if f["kind"] == "unbound"]
     if params["render_nodes"] is not None:
         render_nodes = list(params["render_nodes"])
     else:
         render_nodes = [os.path.join(dev_root, "dri", card["render"]) for card in cards if card["render"]]
         for card in cards:
             if not card["render"]:
-                problems.append("card {} ({}) has no render node: the driver did not bind it; check "
+                problems.append("card {} ({}) has no render node: the driver did not create one; check "
                                 "`dmesg | grep -i {}`".format(card["index"], card["pci_bus"], card["pci_bus"]))
     kfd, mkfd = os.path.join(dev_root, "kfd"), os.path.join(dev_root, "mkfd")
     paths = [kfd] + ([mkfd] if os.path.exists(mkfd) else []) + render_nodes
@@ -260,10 +270,11 @@ def main():
         expected = len(render_nodes) if params["render_nodes"] is not None else len(cards)
     if len(present) < expected:
         problems.append(
-            "expected {} cards but only {} render nodes are present ({}); sysfs lists {} DCUs ({}), so the "
-            "others are not on the PCI bus or not bound by the driver".format(
-                expected, len(present), ", ".join(present) or "none", len(cards),
-                ", ".join(card["pci_bus"] for card in cards) or "none"))
+            "expected {} cards but only {} render nodes are present ({}); sysfs shows {} card{} bound by the "
+            "driver ({}){}".format(
+                expected, len(present), ", ".join(present) or "none", len(cards), "" if len(cards) == 1 else "s",
+                ", ".join(card["pci_bus"] for card in cards) or "none",
+                "; not bound: " + "; ".join(hysmi.describe_function(f) for f in unbound) if unbound else ""))
     for node in nodes:
         node.pop("gid")
     result = {"changed": False, "nodes": nodes, "user": account.pw_name, "groups": group_names,

@@ -9,13 +9,19 @@ short_description: Gather facts about the Hygon DCU cards, driver, hyhal and DTK
 version_added: 0.1.0
 description:
   - Returns the DCU cards (index, PCI address, C(/dev/dri/card*) and C(/dev/dri/renderD*) nodes, NUMA
-    node, VRAM, series), the loaded driver module and its version, the DTK version and the hyhal path,
-    as the C(dcu) fact.
-  - Cards come from the first source that answers, in order C(hy-smi --json), the C(hy-smi) table, sysfs
-    (PCI vendor C(0x1d94)). DRM nodes always come from sysfs, mapped by PCI address, because C(cardN)
-    is not the card index (C(card0) is usually the onboard VGA).
-  - Accepts every hy-smi format seen in the field, HCU and DCU key names, C(card0)- or C(card1)-based
-    JSON, banner lines mixed with the JSON, a PCI bus carrying a C(--> SN:) suffix, MiB or byte sizes.
+    node, VRAM, series, bound driver), the loaded driver module and its version, the DTK version and the
+    hyhal path, as the C(dcu) fact.
+  - Which devices are cards is decided by sysfs. Hygon CPUs expose dozens of PCI functions with the DCU
+    vendor id C(0x1d94) (root complexes, IOMMU, PSP/crypto, data fabric; BW boxes add switch functions); a
+    card is a C(0x1d94) device the DCU driver (C(hycu) or C(hydcu)) binds or that has DRM nodes. Display or
+    co-processor devices the driver did not bind are listed in RV(ansible_facts.dcu.unbound).
+  - The card index is hy-smi's, matched to sysfs by PCI address (hy-smi's order is not PCI address order).
+    hy-smi is asked for named fields (C(--showbus --showproductname --showmeminfo vram --showtoponuma)),
+    first as JSON, then as text; without hy-smi the index is the DRM node order, the order hy-smi uses.
+    Every source gives the same cards, indexes, PCI addresses, DRM nodes and NUMA nodes.
+  - Accepts every hy-smi format seen in the field (docs/field-evidence.md) - HCU and DCU labels, C(card0)-
+    or C(card1)-based JSON, log lines before the JSON and JSON with missing commas, PCI addresses with
+    C(--> SN:) and C(--> OAM ID:) suffixes, MiB or byte sizes, topology lines without a colon.
   - Read-only.
 author:
   - dcu-serving contributors
@@ -41,6 +47,17 @@ options:
     description: Path of the active DTK (its C(.info/rocm_version) gives the version).
     type: path
     default: /opt/dtk
+  source:
+    description:
+      - Where the card list comes from. V(auto) takes the first that answers of hy-smi JSON, hy-smi text
+        and sysfs. The others force one source and fail when it does not answer (to compare them).
+    type: str
+    choices: [auto, hy-smi-json, hy-smi-text, sysfs]
+    default: auto
+  timeout:
+    description: Seconds one hy-smi call may take (it waits for its daemon, hymgr).
+    type: int
+    default: 30
 """
 
 EXAMPLES = r"""
@@ -70,26 +87,38 @@ ansible_facts:
       type: dict
       contains:
         cards:
-          description: One entry per card, sorted by index.
+          description: One entry per card, sorted by index (hy-smi's index).
           type: list
           elements: dict
           sample:
             - index: 0
-              pci_bus: "0000:04:00.0"
-              series: K100_AI
+              pci_bus: "0000:05:00.0"
+              device_id: "0x6370"
+              series: BW100
               numa_node: 0
               vram_total_mib: 65520
-              card_node: /dev/dri/card1
+              driver: hycu
+              card_node: /dev/dri/card0
               render_node: /dev/dri/renderD128
         card_count:
           description: Number of cards.
           type: int
           sample: 8
         source:
-          description: Where the card list came from, V(hy-smi --json), V(hy-smi) (the table) or V(sysfs).
+          description: Where the card list came from, V(hy-smi-json), V(hy-smi-text) or V(sysfs).
           type: str
+        unbound:
+          description: DCU devices (display or co-processor class, or a known DCU device id) that no DCU
+            driver binds and that have no DRM nodes, each with C(pci_bus), C(device_id), C(series),
+            C(driver) and a one-line C(summary).
+          type: list
+          elements: dict
+        platform_functions:
+          description: Number of other vendor C(0x1d94) PCI functions (CPU and switch functions, not cards).
+          type: int
         driver:
-          description: The loaded kernel module (V(hycu) or V(hydcu)) and its version; both null when none is loaded.
+          description: The loaded kernel module (V(hycu) or V(hydcu)) and its version as the host prints it
+            (sysfs, else hy-smi); both null when none is loaded.
           type: dict
           sample: {"loaded": true, "module": "hycu", "version": "6.3.30-V1.4.1a"}
         hyhal:
@@ -101,7 +130,8 @@ ansible_facts:
           type: dict
           sample: {"path": "/opt/dtk", "version": "26.04"}
         errors:
-          description: Why a preferred source was skipped (hy-smi missing, failing or unparsable).
+          description: Why a preferred source was skipped (hy-smi missing, failing or unparsable, with the
+            fix when known) and where hy-smi and sysfs disagree.
           type: list
           elements: str
 """
@@ -114,6 +144,7 @@ from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
 DEFAULT_HY_SMI = "/opt/hyhal/bin/hy-smi"
 ALTERNATE_HY_SMI = "/usr/local/hyhal/bin/hy-smi"
+SOURCES = ("hy-smi-json", "hy-smi-text", "sysfs")
 
 
 def find_hy_smi(path):
@@ -124,27 +155,63 @@ def find_hy_smi(path):
     return None
 
 
-def read_cards(module, hy_smi, sysfs_cards, errors):
-    """Cards from the first source that answers: hy-smi --json, the hy-smi table, sysfs."""
-    if hy_smi:
-        rc, out, err = module.run_command([hy_smi, "--json"])
-        if rc == 0:
-            try:
-                return "hy-smi --json", hysmi.merge_cards(sysfs_cards, smi_cards=hysmi.parse_json(out))
-            except hysmi.HySmiParseError as exc:
-                errors.append("hy-smi --json: {}".format(exc))
-        else:
-            errors.append("hy-smi --json exited {}: {}".format(rc, (err or out).strip()[-300:]))
-        rc, out, err = module.run_command([hy_smi])
-        if rc == 0:
-            try:
-                _label, rows = hysmi.parse_table(out)
-                return "hy-smi", hysmi.merge_cards(sysfs_cards, table_rows=rows)
-            except hysmi.HySmiParseError as exc:
-                errors.append("hy-smi: {}".format(exc))
-        else:
-            errors.append("hy-smi exited {}: {}".format(rc, (err or out).strip()[-300:]))
-    return "sysfs", hysmi.merge_cards(sysfs_cards)
+class HySmi(object):
+    """hy-smi with a deadline per call (it blocks while hymgr is not answering)."""
+
+    def __init__(self, module, path, timeout):
+        self.module, self.path, self.timeout = module, path, timeout
+
+    def run(self, args):
+        command = [self.path, *args]
+        if os.path.exists("/usr/bin/timeout"):
+            command = ["/usr/bin/timeout", str(self.timeout), *command]
+        rc, out, err = self.module.run_command(command)
+        if rc == 124 and command[0] == "/usr/bin/timeout":
+            err = "no answer within {}s".format(self.timeout)
+        return rc, out, err
+
+
+def failure(what, rc, out, err):
+    text = ((err or "") + "\n" + (out or "")).strip()
+    hint = hysmi.explain_failure(text)
+    return "{} exited {}: {}{}".format(what, rc, text[-300:], " ({})".format(hint) if hint else "")
+
+
+def smi_rows(smi, source, errors):
+    """hy-smi's cards from one source, or None (with the reason in errors)."""
+    flags = hysmi.FIELD_FLAGS + (["--json"] if source == "hy-smi-json" else [])
+    what = "hy-smi " + " ".join(flags)
+    rc, out, err = smi.run(flags)
+    if rc != 0:
+        errors.append(failure(what, rc, out, err))
+        return None
+    try:
+        fields = hysmi.parse_fields_json(out) if source == "hy-smi-json" else hysmi.parse_fields_text(out)
+    except hysmi.HySmiParseError as exc:
+        errors.append("{}: {}".format(what, exc))
+        return None
+    rows = hysmi.smi_cards(fields)
+    if not any(row["pci_bus"] for row in rows):
+        errors.append("{}: no PCI addresses in the output, so its cards cannot be matched to sysfs".format(what))
+        return None
+    return rows
+
+
+def read_cards(smi, functions, wanted, errors):
+    """(source, cards) from the wanted source, or from the first that answers when wanted is auto."""
+    order = SOURCES if wanted == "auto" else (wanted,)
+    for source in order:
+        if source == "sysfs":
+            cards, _problems = hysmi.merge(functions)
+            return source, cards
+        if smi is None:
+            continue
+        rows = smi_rows(smi, source, errors)
+        if rows is not None:
+            cards, problems = hysmi.merge(functions, rows)
+            errors.extend(problems)
+            return source, cards
+    return None, []
 
 
 def read_text(path):
@@ -161,27 +228,41 @@ def main():
             "sysfs_root": {"type": "path", "default": "/sys"},
             "hy_smi_path": {"type": "path", "default": DEFAULT_HY_SMI},
             "dtk_path": {"type": "path", "default": "/opt/dtk"},
+            "source": {"type": "str", "default": "auto", "choices": ["auto", *list(SOURCES)]},
+            "timeout": {"type": "int", "default": 30},
         },
         supports_check_mode=True,
     )
     params = module.params
+    if params["timeout"] < 1:
+        module.fail_json(msg="timeout must be at least 1 second, got {}".format(params["timeout"]))
     errors = []
     hy_smi = find_hy_smi(params["hy_smi_path"])
+    smi = HySmi(module, hy_smi, params["timeout"]) if hy_smi else None
     if not hy_smi:
         errors.append("hy-smi not found at {}".format(params["hy_smi_path"]))
-    sysfs_cards = hysmi.discover_sysfs(params["sysfs_root"])
-    source, cards = read_cards(module, hy_smi, sysfs_cards, errors)
+    functions = hysmi.pci_functions(params["sysfs_root"])
+    source, cards = read_cards(smi, functions, params["source"], errors)
+    if source is None:
+        module.fail_json(msg="source {} did not answer: {}".format(params["source"], "; ".join(errors)),
+                         errors=errors)
 
     driver_module, driver_version = hysmi.loaded_driver(params["sysfs_root"])
-    if driver_module and not driver_version and hy_smi:
-        rc, out, _err = module.run_command([hy_smi, "--showdriverversion"])
+    if driver_module and not driver_version and smi:
+        # The module's version file is missing on some drivers: hy-smi knows.
+        rc, out, _err = smi.run(["--showdriverversion"])
         driver_version = hysmi.parse_driver_version(out) if rc == 0 else None
 
     dtk_version = read_text(os.path.join(params["dtk_path"], ".info", "rocm_version"))
+    unbound = [{"pci_bus": f["pci_bus"], "device_id": f["device_id"], "class": f["class"], "driver": f["driver"],
+                "series": hysmi.SERIES_BY_DEVICE.get(f["device_id"]), "summary": hysmi.describe_function(f)}
+               for f in functions if f["kind"] == "unbound"]
     facts = {
         "cards": cards,
         "card_count": len(cards),
         "source": source,
+        "unbound": unbound,
+        "platform_functions": sum(1 for f in functions if f["kind"] == "platform"),
         "driver": {"loaded": driver_module is not None, "module": driver_module, "version": driver_version},
         "hyhal": {
             "path": os.path.dirname(os.path.dirname(hy_smi)) if hy_smi else None,

@@ -9,15 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from modules.sysfs import DCU_BDFS, make_sysfs
 
 from support import REPO
 
 SAMPLES = Path(__file__).parent / "samples"
-DCU_BDFS = ["0000:04:00.0", "0000:05:00.0", "0000:0c:00.0", "0000:0d:00.0",
-            "0000:83:00.0", "0000:84:00.0", "0000:8b:00.0", "0000:8c:00.0"]
-VGA_BDF = "0000:02:00.0"
-
-
 @pytest.fixture
 def sample():
     """sample("table_hcu.txt") -> the text of tests/modules/samples/table_hcu.txt."""
@@ -27,65 +23,6 @@ def sample():
 @pytest.fixture
 def dcu_bdfs():
     return list(DCU_BDFS)
-
-
-def _write(path: Path, text: str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-
-
-def make_sysfs(root: Path, cards: int = 8, layout: str = "real", module: tuple[str, str] | None = None,
-               render_missing: tuple[int, ...] = (), numa: list[int] | None = None) -> Path:
-    """Build a sysfs tree: an onboard VGA (card0) and `cards` K100_AI DCUs (card1.., renderD128..).
-
-    layout "real": devices under devices/pci0000:00/, bus/pci/devices/* and class/drm/* are symlinks
-    into it and each node's `device` link points at its PCI device, as on a real host.
-    layout "flat": the emulation's layout (docs/emulation.md): PCI devices are directories under
-    bus/pci/devices and class/drm/<node>/device links to them.
-    """
-    bdfs = DCU_BDFS[:cards]
-    numa = numa if numa is not None else [0 if i < cards / 2 else 1 for i in range(cards)]
-    devices = [(VGA_BDF, "0x1a03", "0x2000", 0, None)] + [
-        (bdf, "0x1d94", "0x6210", numa[i], 68702699520) for i, bdf in enumerate(bdfs)]
-    pci_bus = root / "bus" / "pci" / "devices"
-    pci_bus.mkdir(parents=True)
-    drm = root / "class" / "drm"
-    drm.mkdir(parents=True)
-    for bdf, vendor, device, node, vram in devices:
-        if layout == "real":
-            device_dir = root / "devices" / "pci0000:00" / bdf
-            (pci_bus / bdf).symlink_to(os.path.relpath(device_dir, pci_bus))
-        else:
-            device_dir = pci_bus / bdf
-        _write(device_dir / "vendor", vendor)
-        _write(device_dir / "device", device)
-        _write(device_dir / "class", "0x038000" if vendor == "0x1d94" else "0x030000")
-        _write(device_dir / "numa_node", str(node))
-        if vram:
-            _write(device_dir / "mem_info_vram_total", str(vram))
-    nodes = [("card0", VGA_BDF)]
-    for i, bdf in enumerate(bdfs):
-        nodes.append((f"card{i + 1}", bdf))
-        if i not in render_missing:
-            nodes.append((f"renderD{128 + i}", bdf))
-    for name, bdf in nodes:
-        if layout == "real":
-            node_dir = root / "devices" / "pci0000:00" / bdf / "drm" / name
-            node_dir.mkdir(parents=True)
-            (node_dir / "device").symlink_to("../../../" + bdf)
-            (drm / name).symlink_to(os.path.relpath(node_dir, drm))
-        else:
-            (drm / name).mkdir()
-            (drm / name / "device").symlink_to(f"../../../bus/pci/devices/{bdf}")
-    if layout == "real":
-        # Connectors and the version file live in class/drm too and must be ignored.
-        connector = root / "devices" / "pci0000:00" / VGA_BDF / "drm" / "card0" / "card0-VGA-1"
-        connector.mkdir()
-        (drm / "card0-VGA-1").symlink_to(os.path.relpath(connector, drm))
-        _write(drm / "version", "drm 1.1.0 20060810")
-    if module:
-        _write(root / "module" / module[0] / "version", module[1])
-    return root
 
 
 @pytest.fixture

@@ -1,6 +1,20 @@
-"""dcu_facts run as Ansible runs it, against a fake sysfs and an hy-smi printing real-format samples."""
+"""dcu_facts run as Ansible runs it: against hy-smi printing real-format samples, and against the emulated
+hy-smi of each node profile over a fake sysfs, where every source mode must give the same cards."""
 
 from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+from modules.sysfs import BW_BDFS
+
+from support import REPO
+
+HY_SMI = REPO / "tools" / "vendor" / "rock" / "hy-smi"
+PROFILES = json.loads((REPO / "tools" / "images" / "node" / "files" / "profiles.json").read_text())
+MAPPING = ("index", "pci_bus", "card_node", "render_node", "numa_node")
 
 
 def _facts(module_runner, **args):
@@ -10,47 +24,118 @@ def _facts(module_runner, **args):
     return result["ansible_facts"]["dcu"]
 
 
-def test_json_source_with_nodes_from_sysfs(fake_sysfs, fake_hy_smi, module_runner, tmp_path):
-    root = fake_sysfs(module=("hycu", "6.3.30-V1.4.1a"))
-    hy_smi = fake_hy_smi({"--json": "json_hcu_card0_mib.txt", "": "table_hcu.txt"})
+@pytest.fixture
+def hymgr(tmp_path):
+    """A listening Unix socket where the emulated hy-smi looks for hymgr; close() stops it."""
+    path = tmp_path / "hymgr.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def serve():
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def emulated_host(tmp_path, fake_sysfs, monkeypatch, hymgr):
+    """emulated_host("bw-oam", ...) -> a fake sysfs of that profile's cards, seen by the emulated hy-smi."""
+    def build(name, **sysfs):
+        profile = dict(PROFILES[name], name=name)
+        root = fake_sysfs(bdfs=[bdf for bdf, _ in profile["cards"]], numa=[n for _, n in profile["cards"]],
+                          device=profile["device_id"], klass=profile["class"], drm_base=profile["drm_card_base"],
+                          platform=True, **sysfs)
+        (tmp_path / "dcu-emu.env").write_text(f"DCU_EMU_SYSFS={root}\n")
+        (tmp_path / "profile.json").write_text(json.dumps(profile))
+        monkeypatch.setenv("DCU_EMU_ENV_FILE", str(tmp_path / "dcu-emu.env"))
+        monkeypatch.setenv("DCU_EMU_PROFILE_FILE", str(tmp_path / "profile.json"))
+        monkeypatch.setenv("DCU_EMU_HYMGR_SOCKET", hymgr.getsockname())
+        return root
+    return build
+
+
+@pytest.mark.parametrize("profile, module", [("bw-oam", ("hycu", "")), ("k100ai-2s", ("hycu", "6.3.30-V1.4.1a")),
+                                             ("z100l-legacy", ("hydcu", "6.2.35"))])
+def test_every_source_gives_the_same_cards(emulated_host, module_runner, profile, module):
+    root = emulated_host(profile, module=module)
+    (root / "module" / module[0] / "loaded-version").write_text("6.3.30-V1.4.1a\n")
+    views = {}
+    for source in ("auto", "hy-smi-json", "hy-smi-text", "sysfs"):
+        facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(HY_SMI), source=source)
+        views[source] = [tuple(card[key] for key in MAPPING) for card in facts["cards"]]
+        assert facts["card_count"] == 8, (source, facts["errors"])
+        assert facts["unbound"] == []
+        assert facts["platform_functions"] > 20, "the CPU's (and switch's) own 0x1d94 functions are counted apart"
+    assert views["auto"] == views["hy-smi-json"] == views["hy-smi-text"] == views["sysfs"]
+    expected_bdfs = [bdf for bdf, _ in PROFILES[profile]["cards"]]
+    assert [card[1] for card in views["auto"]] == expected_bdfs
+
+
+def test_bw_box_index_follows_hy_smi_not_pci_order(emulated_host, module_runner):
+    root = emulated_host("bw-oam", module=("hycu", ""))
+    (root / "module" / "hycu" / "loaded-version").write_text("6.3.30-V1.4.1a\n")
+    facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(HY_SMI))
+    assert facts["source"] == "hy-smi-json", facts["errors"]
+    by_index = {c["index"]: c for c in facts["cards"]}
+    assert by_index[1]["pci_bus"] == "0000:2b:00.0" and by_index[2]["pci_bus"] == "0000:14:00.0"
+    assert by_index[1]["render_node"] == "/dev/dri/renderD129"
+    assert by_index[0]["card_node"] == "/dev/dri/card0", "no VGA on this box: DRM cards start at card0"
+    assert [c["numa_node"] for c in facts["cards"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert {c["series"] for c in facts["cards"]} == {"BW"}
+    # No version file in sysfs on this driver: the version comes from hy-smi, as it prints it (6.3.30).
+    assert facts["driver"] == {"loaded": True, "module": "hycu", "version": "6.3.30"}
+
+
+def test_without_hymgr_the_cards_come_from_sysfs_and_the_error_names_hymgr(emulated_host, module_runner,
+                                                                           monkeypatch, tmp_path):
+    root = emulated_host("bw-oam", module=("hycu", ""))
+    monkeypatch.setenv("DCU_EMU_HYMGR_SOCKET", str(tmp_path / "nothing-listens-here.sock"))
+    facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(HY_SMI))
+    assert facts["source"] == "sysfs"
+    assert facts["card_count"] == 8
+    assert any("Connect server failed" in e and "systemctl start hymgr" in e for e in facts["errors"]), facts["errors"]
+    forced = module_runner("dcu_facts", {"sysfs_root": str(root), "hy_smi_path": str(HY_SMI), "source": "hy-smi-json"})
+    assert forced["failed"] and "hymgr" in forced["msg"]
+
+
+def test_a_driver_that_is_not_loaded_leaves_cards_unbound(emulated_host, module_runner):
+    root = emulated_host("k100ai-2s", drm=False)
+    facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(HY_SMI))
+    assert facts["card_count"] == 0
+    assert [d["pci_bus"] for d in facts["unbound"]] == sorted(bdf for bdf, _ in PROFILES["k100ai-2s"]["cards"])
+    assert facts["unbound"][0]["summary"] == "0000:07:00.0 (0x6210 K100_AI): driver none, no DRM nodes"
+    assert facts["driver"] == {"loaded": False, "module": None, "version": None}
+
+
+def test_real_format_samples_with_dtk_and_hyhal(fake_sysfs, fake_hy_smi, module_runner, tmp_path, sample):
+    root = fake_sysfs(module=("hycu", ""), bdfs=sorted(BW_BDFS), drm_base=0, numa=[0] * 8)
+    flags = "--showbus --showproductname --showmeminfo vram --showtoponuma"
+    hy_smi = fake_hy_smi({flags: "showbus_bw1100.txt", "--showdriverversion": "driverversion_6331.txt"})
     dtk = tmp_path / "dtk-26.04"
     (dtk / ".info").mkdir(parents=True)
     (dtk / ".info" / "rocm_version").write_text("26.04\n")
     facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(hy_smi), dtk_path=str(dtk))
-    assert facts["source"] == "hy-smi --json"
-    assert facts["card_count"] == 3
-    assert facts["cards"][2] == {
-        "index": 2, "pci_bus": "0000:83:00.0", "series": "K100_AI", "numa_node": 1, "vram_total_mib": 65520,
-        "card_node": "/dev/dri/card5", "render_node": "/dev/dri/renderD132"}
-    assert facts["driver"] == {"loaded": True, "module": "hycu", "version": "6.3.30-V1.4.1a"}
+    assert facts["source"] == "hy-smi-text"
+    assert any("--json exited 1" in e for e in facts["errors"])
+    assert [c["pci_bus"] for c in facts["cards"]] == BW_BDFS
+    assert facts["driver"]["version"] == "6.3.31-V1.5.0a"
     assert facts["dtk"] == {"path": str(dtk), "version": "26.04"}
     assert facts["hyhal"]["hy_smi"] == str(hy_smi)
 
 
-def test_table_when_json_fails(fake_sysfs, fake_hy_smi, module_runner):
-    root = fake_sysfs()
-    hy_smi = fake_hy_smi({"": "table_hcu.txt"})
-    facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(hy_smi))
-    assert facts["source"] == "hy-smi"
-    assert facts["card_count"] == 8
-    assert [c["numa_node"] for c in facts["cards"]] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert facts["cards"][0]["card_node"] == "/dev/dri/card1"
-    assert any("--json exited 1" in e for e in facts["errors"])
-
-
-def test_sysfs_when_hy_smi_is_absent_and_driver_not_loaded(fake_sysfs, module_runner, tmp_path):
-    facts = _facts(module_runner, sysfs_root=str(fake_sysfs(cards=2)), hy_smi_path=str(tmp_path / "no-hy-smi"),
+def test_missing_hy_smi_and_bad_arguments(fake_sysfs, module_runner, tmp_path):
+    facts = _facts(module_runner, sysfs_root=str(fake_sysfs(cards=2)), hy_smi_path=str(tmp_path / "none"),
                    dtk_path=str(tmp_path / "no-dtk"))
     assert facts["source"] == "sysfs"
     assert [c["render_node"] for c in facts["cards"]] == ["/dev/dri/renderD128", "/dev/dri/renderD129"]
-    assert facts["driver"] == {"loaded": False, "module": None, "version": None}
-    assert facts["dtk"] == {"path": None, "version": None}
     assert facts["hyhal"] == {"path": None, "hy_smi": None}
-
-
-def test_driver_version_from_hy_smi_when_sysfs_has_none(fake_sysfs, fake_hy_smi, module_runner):
-    root = fake_sysfs(cards=2, module=("hydcu", ""))
-    hy_smi = fake_hy_smi({"--json": "json_dcu_card1_bytes.txt", "--showdriverversion": "driverversion.txt"})
-    facts = _facts(module_runner, sysfs_root=str(root), hy_smi_path=str(hy_smi))
-    assert facts["driver"] == {"loaded": True, "module": "hydcu", "version": "6.3.30-V1.4.1a"}
-    assert facts["cards"][0]["series"] == "Z100L"
+    bad = module_runner("dcu_facts", {"source": "nvidia-smi"})
+    assert bad["failed"] and "source" in bad["msg"] and "hy-smi-json" in bad["msg"]

@@ -1,136 +1,156 @@
-"""hy-smi and sysfs parsing on samples in the formats real hosts print (shared/reference/dcu-host.md)."""
+"""hy-smi and sysfs parsing on samples in the formats real hosts print (docs/field-evidence.md names each
+sample's source)."""
 
 from __future__ import annotations
 
 import pytest
+from modules.sysfs import BW_BDFS, PLATFORM
 
 from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
 
-def test_json_hcu_card0_with_banner_serial_suffix_and_mib(sample):
-    cards = hysmi.parse_json(sample("json_hcu_card0_mib.txt"))
-    assert [c["index"] for c in cards] == [0, 1, 2]
-    assert [c["pci_bus"] for c in cards] == ["0000:04:00.0", "0000:05:00.0", "0000:83:00.0"]
-    assert [c["numa_node"] for c in cards] == [0, 0, 1]
-    assert cards[1]["series"] == "K100_AI"
-    assert cards[1]["vram_total_mib"] == 65520
-    assert cards[1]["vram_used_mib"] == 20413
-    assert cards[0]["serial"] == "TRCW390010030401"
+def _rows(text, json=False):
+    return hysmi.smi_cards(hysmi.parse_fields_json(text) if json else hysmi.parse_fields_text(text))
 
 
-def test_json_dcu_card1_based_bytes_and_trailing_lines(sample):
-    cards = hysmi.parse_json(sample("json_dcu_card1_bytes.txt"))
-    assert [c["index"] for c in cards] == [0, 1], "card1-based keys must become index 0"
-    assert cards[0]["vram_total_mib"] == 34342961152 // (1024 * 1024)
-    assert cards[0]["vram_used_mib"] == 21404581888 // (1024 * 1024)
-    # A bus without domain and with a serial suffix is normalised.
-    assert cards[1]["pci_bus"] == "0000:06:00.0"
-    assert cards[1]["series"] == "Z100L"
-    assert cards[1]["numa_node"] == 1
+def test_showbus_of_a_bw_box_maps_indexes_to_addresses_out_of_pci_order(sample):
+    rows = _rows(sample("showbus_bw1100.txt"))
+    assert [r["pci_bus"] for r in rows] == BW_BDFS
+    assert [r["pci_bus"] for r in rows] != sorted(BW_BDFS), "the sample is the point: hy-smi is not PCI order"
 
 
-def test_json_objects_printed_one_after_another_are_merged(sample):
-    cards = hysmi.parse_json(sample("json_split.txt"))
-    assert len(cards) == 2
-    assert cards[1]["raw"]["HCU use (%)"] == "27.5"
-    assert cards[1]["vram_total_mib"] == 65520
-    assert cards[0]["pci_bus"] is None
+def test_showtopo_without_a_colon_after_numa_node(sample):
+    rows = _rows(sample("showtopo_bw1100.txt"))
+    assert [r["numa_node"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("text", ["", "Error: no HCU found\n", '{"version": "1.0"}\n', "{ not json"])
+@pytest.mark.parametrize("name", ["rocm_numa_tabs.txt", "rocm_numa_rocm5.txt"])
+def test_rocm_smi_line_forms_with_tabs_and_without_brackets(sample, name):
+    assert _rows(sample(name))[0]["numa_node"] == 0
+
+
+def test_json_with_missing_commas_and_empty_keys_from_a_bw_box(sample):
+    text = sample("json_bw_missing_commas.txt")
+    with pytest.raises(ValueError):
+        __import__("json").loads(text)  # the sample really is broken
+    rows = _rows(text, json=True)
+    assert [r["series"] for r in rows] == ["BW", "BW"]
+    assert [r["vram_total_mib"] for r in rows] == [65520, 65520]
+    assert rows[1]["vram_used_mib"] == 64104
+    fields = hysmi.parse_fields_json(text)
+    assert fields[0]["Average GFX Core Power (W)"] == "20.0", "the value after the missing comma survives"
+
+
+def test_json_pci_bus_with_serial_and_oam_suffixes(sample):
+    assert [r["pci_bus"] for r in _rows(sample("json_bw_pci_oam.txt"), json=True)] == ["0000:09:00.0", "0000:36:00.0"]
+
+
+def test_json_after_a_warning_line_and_split_objects(sample):
+    rows = _rows(sample("json_hcu_card0_mib.txt"), json=True)
+    assert [r["pci_bus"] for r in rows] == ["0000:04:00.0", "0000:05:00.0", "0000:83:00.0"]
+    assert rows[0]["serial"] == "TRCW390010030401"
+    split = hysmi.parse_fields_json(sample("json_split.txt"))
+    assert split[1]["HCU use (%)"] == "27.5"
+
+
+def test_json_keys_from_card1_become_index_0_and_bytes_become_mib(sample):
+    rows = _rows(sample("json_dcu_card1_bytes.txt"), json=True)
+    assert [r["index"] for r in rows] == [0, 1]
+    assert rows[0]["vram_total_mib"] == 34342961152 // (1024 * 1024)
+    assert rows[1]["pci_bus"] == "0000:06:00.0"
+
+
+@pytest.mark.parametrize("text", ["", "Error: no HCU found\n", '{"version": "1.0"}\n', "{ not json",
+                                  "ERROR: Cannot print JSON/CSV output for concise output\n"])
 def test_json_without_cards_is_an_error(text):
     with pytest.raises(hysmi.HySmiParseError):
-        hysmi.parse_json(text)
+        hysmi.parse_fields_json(text)
 
 
-def test_table_hcu_header(sample):
-    label, rows = hysmi.parse_table(sample("table_hcu.txt"))
-    assert label == "HCU"
-    assert [r["index"] for r in rows] == list(range(8))
-    assert rows[3]["HCU%"] == "27.5%"
-    assert rows[3]["VRAM%"] == "31%"
+def test_meminfo_lines_in_mib_and_bytes(sample):
+    assert [r["vram_total_mib"] for r in _rows(sample("showmeminfo_vram_hcu.txt"))] == [65520, 65520, 65520]
+    assert _rows(sample("meminfo_gpu_bytes.txt"))[0]["vram_total_mib"] == 34342961152 // (1024 * 1024)
 
 
-def test_table_dcu_header_of_older_drivers(sample):
-    label, rows = hysmi.parse_table(sample("table_dcu.txt"))
-    assert label == "DCU"
-    assert [r["index"] for r in rows] == [0, 1]
-    assert rows[1]["DCU%"] == "45%"
+@pytest.mark.parametrize("name, version", [
+    ("driverversion.txt", "6.3.30-V1.4.1a"), ("driverversion_6331.txt", "6.3.31-V1.5.0a"),
+    ("driverversion_warning_beta.txt", "6.3.31-V1.5.3.beta")])
+def test_driver_version(sample, name, version):
+    assert hysmi.parse_driver_version(sample(name)) == version
 
 
-def test_table_without_header_is_an_error(sample):
-    with pytest.raises(hysmi.HySmiParseError):
-        hysmi.parse_table(sample("memavailable_hcu.txt"))
+def test_failures_are_explained(sample):
+    assert "hymgr" in hysmi.explain_failure("Connect server failed")
+    assert "field flags" in hysmi.explain_failure(sample("concise_json_refused.txt"))
+    assert hysmi.explain_failure("something else") is None
 
 
-def test_memavailable_mib_and_bytes(sample):
-    assert hysmi.parse_memavailable(sample("memavailable_hcu.txt")) == {0: 65438, 1: 45107}
-    assert hysmi.parse_memavailable(sample("memavailable_dcu_bytes.txt")) == {
-        0: 34256732160 // (1024 * 1024), 1: 12938379264 // (1024 * 1024)}
+@pytest.mark.parametrize("name, label, columns", [
+    ("table_hcu.txt", "HCU", 8), ("table_dcu_6235.txt", "DCU", 1), ("table_bw_mig.txt", "HCU", 2)])
+def test_tables_of_every_generation(sample, name, label, columns):
+    found, rows = hysmi.parse_table(sample(name))
+    assert found == label
+    assert len(rows) == columns
+    assert rows[-1]["Mode"] in ("Normal", "MIG")
 
 
-def test_show_all_card_lines(sample):
-    cards = hysmi.parse_card_lines(sample("showall_hcu.txt"))
-    assert cards[0]["Card Series"] == "K100_AI"
-    assert cards[0]["Card Vendor"] == "Chengdu Haiguang IC Design Co., Ltd."
-    assert cards[1]["PCI Bus"] == "0000:05:00.0"
+def test_cpu_and_switch_functions_are_not_cards(fake_sysfs):
+    root = fake_sysfs(module=("hycu", "6.3.30-V1.4.1a"), platform=True)
+    functions = hysmi.pci_functions(str(root))
+    kinds = {f["pci_bus"]: f["kind"] for f in functions}
+    assert sum(kind == "card" for kind in kinds.values()) == 8
+    assert all(kinds[bdf] == "platform" for bdf, _dev, _cls in PLATFORM)
+    assert hysmi.sysfs_cards(functions)[0]["pci_bus"] == "0000:04:00.0"
 
 
-def test_driver_version(sample):
-    assert hysmi.parse_driver_version(sample("driverversion.txt")) == "6.3.30-V1.4.1a"
-    assert hysmi.parse_driver_version("nothing here") is None
+def test_cards_without_driver_or_drm_nodes_are_unbound_by_class_or_id(fake_sysfs):
+    root = fake_sysfs(cards=2, drm=False)  # driver not loaded yet: no binding, no DRM nodes
+    functions = hysmi.pci_functions(str(root))
+    assert [f["kind"] for f in functions if f["device_id"] == "0x6210"] == ["unbound", "unbound"]
+    assert hysmi.sysfs_cards(functions) == []
+    z100l = hysmi.pci_functions(str(fake_sysfs(cards=1, drm=False, device="0x9999", klass="0x038000")))
+    assert [f["kind"] for f in z100l if f["device_id"] == "0x9999"] == ["unbound"], "display class, unknown id"
+
+
+def test_sysfs_index_is_the_drm_order_not_pci_order(fake_sysfs):
+    functions = hysmi.pci_functions(str(fake_sysfs(module=("hycu", ""), bdfs=BW_BDFS, drm_base=0)))
+    cards = hysmi.sysfs_cards(functions)
+    assert [c["pci_bus"] for c in cards] == BW_BDFS
+    assert [c["render"] for c in cards] == [f"renderD{128 + i}" for i in range(8)]
 
 
 @pytest.mark.parametrize("layout", ["real", "flat"])
-def test_sysfs_maps_nodes_by_pci_address_not_by_card_number(fake_sysfs, layout, dcu_bdfs):
-    root = fake_sysfs(layout=layout)
-    cards = hysmi.discover_sysfs(str(root))
-    assert [c["pci_bus"] for c in cards] == dcu_bdfs, "the onboard VGA (vendor 0x1a03) is not a DCU"
-    assert cards[0]["card"] == "card1" and cards[0]["render"] == "renderD128"
-    assert cards[7]["card"] == "card8" and cards[7]["render"] == "renderD135"
+def test_drm_nodes_follow_the_device_links(fake_sysfs, layout):
+    cards = hysmi.sysfs_cards(hysmi.pci_functions(str(fake_sysfs(layout=layout))))
+    assert [(c["card"], c["render"]) for c in cards][:2] == [("card1", "renderD128"), ("card2", "renderD129")]
+    assert "card0-VGA-1" not in hysmi.drm_nodes(str(fake_sysfs(layout=layout)))
+
+
+def test_merge_matches_by_address_and_reports_disagreements(fake_sysfs, sample):
+    functions = hysmi.pci_functions(str(fake_sysfs(module=("hycu", ""), bdfs=sorted(BW_BDFS), drm_base=0)))
+    rows = _rows(sample("showbus_bw1100.txt"))
+    cards, problems = hysmi.merge(functions, rows)
+    assert problems == []
+    assert [c["pci_bus"] for c in cards] == BW_BDFS, "index follows hy-smi, whatever sysfs's order"
+    by_bus = {c["pci_bus"]: c for c in cards}
+    # renderD numbers follow the sysfs (DRM) order, here PCI order: hy-smi's index 1 (2b:00.0) is renderD131.
+    assert by_bus["0000:2b:00.0"]["index"] == 1
+    assert by_bus["0000:2b:00.0"]["render_node"] == "/dev/dri/renderD131"
+    cards, problems = hysmi.merge(functions, [*rows[:7], dict(rows[7], pci_bus="0000:ee:00.0")])
+    assert len(cards) == 8 and cards[-1]["pci_bus"] == "0000:9e:00.0"
+    assert any("0000:ee:00.0" in p for p in problems) and any("does not list" in p for p in problems)
+
+
+def test_hy_smi_numa_wins_over_old_kernels_zeros(fake_sysfs, sample):
+    functions = hysmi.pci_functions(str(fake_sysfs(module=("hycu", ""), bdfs=BW_BDFS, drm_base=0, numa=[0] * 8)))
+    rows = [dict(bus, numa_node=topo["numa_node"]) for bus, topo in
+            zip(_rows(sample("showbus_bw1100.txt")), _rows(sample("showtopo_bw1100.txt")))]
+    cards, _ = hysmi.merge(functions, rows)
     assert [c["numa_node"] for c in cards] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert {c["series"] for c in cards} == {"K100_AI"}
-    assert {c["vram_total_mib"] for c in cards} == {65520}
 
 
-def test_sysfs_card_without_render_node(fake_sysfs):
-    cards = hysmi.discover_sysfs(str(fake_sysfs(cards=2, render_missing=(1,))))
-    assert cards[1]["render"] is None and cards[1]["card"] == "card2"
-
-
-def test_sysfs_missing_root_gives_no_cards(tmp_path):
-    assert hysmi.discover_sysfs(str(tmp_path / "absent")) == []
-
-
-def test_loaded_driver_hycu_and_hydcu(fake_sysfs):
+def test_loaded_driver_with_and_without_a_version_file(fake_sysfs):
     assert hysmi.loaded_driver(str(fake_sysfs(module=("hycu", "6.3.30-V1.4.1a")))) == ("hycu", "6.3.30-V1.4.1a")
-    assert hysmi.loaded_driver(str(fake_sysfs(module=("hydcu", "6.2.26")))) == ("hydcu", "6.2.26")
+    assert hysmi.loaded_driver(str(fake_sysfs(module=("hydcu", "6.2.35")))) == ("hydcu", "6.2.35")
+    assert hysmi.loaded_driver(str(fake_sysfs(module=("hycu", "")))) == ("hycu", None)
     assert hysmi.loaded_driver(str(fake_sysfs())) == (None, None)
-
-
-def test_merge_json_cards_by_pci_address(fake_sysfs, sample):
-    sysfs = hysmi.discover_sysfs(str(fake_sysfs(numa=[0] * 8)))  # old kernels: 0 for every card
-    merged = hysmi.merge_cards(sysfs, smi_cards=hysmi.parse_json(sample("json_hcu_card0_mib.txt")))
-    third = merged[2]
-    assert third["pci_bus"] == "0000:83:00.0"
-    # 0000:83:00.0 is the fifth DCU in PCI order: its nodes come from sysfs, its NUMA node from hy-smi.
-    assert third["card_node"] == "/dev/dri/card5" and third["render_node"] == "/dev/dri/renderD132"
-    assert third["numa_node"] == 1
-
-
-def test_merge_table_rows_by_position(fake_sysfs, sample):
-    sysfs = hysmi.discover_sysfs(str(fake_sysfs()))
-    merged = hysmi.merge_cards(sysfs, table_rows=hysmi.parse_table(sample("table_hcu.txt"))[1])
-    assert [c["render_node"] for c in merged] == [f"/dev/dri/renderD{128 + i}" for i in range(8)]
-    assert merged[5]["pci_bus"] == "0000:84:00.0" and merged[5]["numa_node"] == 1
-
-
-@pytest.mark.parametrize(("text", "bdf"), [
-    ("0000:06:00.0 --> SN: TRCW390010030401", "0000:06:00.0"),
-    ("06:00.0", "0000:06:00.0"),
-    ("0000:8C:00.0", "0000:8c:00.0"),
-    ("N/A", None),
-    (None, None),
-])
-def test_normalize_bdf(text, bdf):
-    assert hysmi.normalize_bdf(text) == bdf
