@@ -9,6 +9,8 @@ mkdir -p /etc/docker
 printf '{\n  "storage-driver": "vfs"\n}\n' >/etc/docker/daemon.json
 # The DCU emulation: a oneshot that plays kernel + udev at every boot (docs/emulation.md).
 install -D -m 0755 /tmp/recipe/files/dcu-emu-boot /usr/local/lib/dcu-emu/boot
+install -m 0644 /tmp/recipe/files/profiles.json /tmp/recipe/files/dcuemu.py /usr/local/lib/dcu-emu/
+install -D -m 0755 /tmp/recipe/files/modprobe /usr/local/sbin/modprobe
 install -m 0644 /tmp/recipe/files/dcu-emu.service /etc/systemd/system/dcu-emu.service
 install -m 0644 /tmp/recipe/files/dcu-emu.env /etc/dcu-emu.env
 systemctl enable dcu-emu.service >/dev/null
