@@ -10,8 +10,13 @@ SPEC_JSON: {"prompts": [{"pattern": REGEX, "answer": TEXT}, ...],   # answered e
 The rock installer asks its questions only in some situations and in no fixed order, and reads the
 answers from the terminal, so a fixed stdin cannot answer it. pexpect is not available on an
 air-gapped host; this needs only the Python standard library. The whole transcript goes to stdout and
-to the log file. Exit status: the installer's, or 2 on an unanswered prompt or a timeout, 3 when it
-exited 0 without printing every expected line.
+to the log file.
+
+Only prompts a pattern recognises are answered. Silence never ends the installer: the real one compiles
+kernel modules for minutes without a word, and a line that merely ends in ':' is not a question. When it
+has been silent for prompt_idle seconds at something that looks like a question, a note says so in the
+transcript, and the overall timeout alone stops it. Exit status: the installer's, or 2 on a timeout
+(naming the question it seemed to wait at), 3 when it exited 0 without printing every expected line.
 """
 
 import argparse
@@ -37,7 +42,7 @@ def run(command, prompts, timeout, prompt_idle, transcript):
     compiled = [(re.compile(p["pattern"]), p["answer"]) for p in prompts]
     pending = ""  # output since the last answered prompt
     started = last_output = time.monotonic()
-    error = None
+    error = noted = None
     while True:
         ready, _, _ = select.select([master], [], [], 0.5)
         now = time.monotonic()
@@ -64,12 +69,17 @@ def run(command, prompts, timeout, prompt_idle, transcript):
             pending = pending[-4096:]
         elif proc.poll() is not None:
             break
-        tail = pending.rsplit("\n", 1)[-1]
-        if now - last_output > prompt_idle and tail.strip() and QUESTION.search(tail):
-            error = f"the installer waits for an answer to {tail.strip()!r} and no prompt pattern matches it"
-        elif now - started > timeout:
-            error = f"the installer did not finish within {timeout}s"
-        if error:
+        tail = pending.rsplit("\n", 1)[-1].rsplit("\r", 1)[-1].strip()
+        if now - last_output > prompt_idle and tail and QUESTION.search(tail) and tail != noted:
+            note = (f"\n[answer_prompts] no output for {prompt_idle:.0f}s after {tail!r}; no prompt pattern matches "
+                    "it: if it is a question, add its answer (dcu_driver_installer_extra_prompts). Still waiting.\n")
+            transcript.append(note)
+            sys.stdout.write(note)
+            noted = tail
+        if now - started > timeout:
+            error = f"the installer did not finish within {timeout:.0f}s"
+            if tail and QUESTION.search(tail):
+                error += f"; it seems to wait for an answer to {tail!r} and no prompt pattern matches it"
             os.killpg(proc.pid, signal.SIGTERM)
             break
     os.close(master)
