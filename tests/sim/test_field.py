@@ -101,6 +101,17 @@ def test_a_taken_vllm_port_is_skipped_when_probed(tmp_path, servers):
     assert f"Port {port} is already in use, trying port {port + 1}" in server.log.read_text()
 
 
+def test_vllm_port_is_not_the_api_port(tmp_path):
+    """vLLM's docs: VLLM_PORT is for internal use; `--port $VLLM_PORT` does not work (the engine took it)."""
+    path = model_dir(tmp_path, "m", EMBEDDER)
+    port = str(free_port())
+    run = subprocess.run(python_module("dcu_serving.sim", "serve", str(path), "--port", port),
+                         env=base_env(VLLM_PORT=port, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=20)
+    assert run.returncode == 1
+    assert f"[Errno 98] error while attempting to bind on address ('0.0.0.0', {port}): address already in use" \
+        in run.stderr
+
+
 def test_vllm_port_that_looks_like_a_url_is_refused(tmp_path):
     path = model_dir(tmp_path, "m", EMBEDDER)
     run = subprocess.run(python_module("dcu_serving.sim", "serve", str(path), "--port", str(free_port())),
