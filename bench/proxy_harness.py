@@ -73,6 +73,7 @@ class Harness:
         model_dir = self.tmp / "models" / MODEL
         model_dir.mkdir(parents=True)
         (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
+        (model_dir / "tokenizer_config.json").write_text("{}")  # without it the simulator wants HF_HUB_OFFLINE=1
         self.model_dir = model_dir
 
     def spawn(self, args, log_name: str, env: dict | None = None) -> subprocess.Popen:

@@ -163,6 +163,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "config.json").write_text(json.dumps({"architectures": ["MiniCPMV"]}))
+        (model_dir / "tokenizer_config.json").write_text("{}")  # without it the simulator wants HF_HUB_OFFLINE=1
         single = {cpus[0]}
         client = set(cpus[1:]) or None
         a = scenario("A", 1, 4, single, client, 0.10, args, model_dir)

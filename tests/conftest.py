@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from support import SERVED_MODEL, Proxy, ServerProcess, free_port, make_proxy, python_module, wait_until
@@ -13,11 +15,12 @@ def start_sim(tmp_path):
     started: list[ServerProcess] = []
 
     def start(*extra: str, port: int | None = None, wait: bool = True, env: dict | None = None,
-              served_model_name: str = SERVED_MODEL) -> ServerProcess:
+              served_model_name: str = SERVED_MODEL, model_config: dict | None = None) -> ServerProcess:
         port = port or free_port()
         model_dir = tmp_path / "models" / served_model_name  # like vLLM, the sim needs a model dir
         model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
+        (model_dir / "config.json").write_text(json.dumps(model_config or {"architectures": ["MiniCPMV"]}))
+        (model_dir / "tokenizer_config.json").write_text("{}")  # a real model directory has its tokenizer
         args = python_module(
             "dcu_serving.sim", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", served_model_name, *extra,

@@ -48,3 +48,23 @@ def metrics(server) -> dict:
 def metric(server, name: str, **labels) -> float:
     labels = {"model_name": SERVED_MODEL, "engine": "0", **labels}
     return metrics(server)[(name, frozenset(labels.items()))]
+
+
+# Model directories as vLLM finds them (config.json; the tokenizer beside it unless told otherwise).
+EMBEDDER = {"architectures": ["XLMRobertaModel"], "max_position_embeddings": 8194, "num_attention_heads": 16}
+RERANKER = {"architectures": ["XLMRobertaForSequenceClassification"], "max_position_embeddings": 8194}
+WHISPER = {"architectures": ["WhisperForConditionalGeneration"], "max_target_positions": 448}
+DECODER = {"architectures": ["Qwen3ForCausalLM"], "max_position_embeddings": 32768, "num_attention_heads": 32}
+
+
+def model_dir(root, name: str, config: dict, tokenizer: bool = True):
+    path = root / "models" / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
+def post(server, path: str, payload, timeout: float = 10, **kw) -> requests.Response:
+    return requests.post(server.url + path, json=payload, timeout=timeout, **kw)

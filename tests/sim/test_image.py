@@ -16,6 +16,10 @@ from support import REPO, SERVED_MODEL, free_port, http_status, wait_until
 
 pytestmark = pytest.mark.docker
 TAG = "dcu-serving/vllm-sim:0.11.0"
+# What a DCU container is given (the image checks for them): a card's nodes (here /dev/null stands in),
+# and no Docker default seccomp filter. The host's hyhal is mounted by the `hyhal` fixture.
+DEVICES = ("--device", "/dev/null:/dev/kfd", "--device", "/dev/null:/dev/dri/renderD128")
+UNCONFINED = ("--security-opt", "seccomp=unconfined")
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +30,31 @@ def tarball() -> Path:
 
 
 @pytest.fixture
+def hyhal(tmp_path) -> Path:
+    """The host's /opt/hyhal as the image needs it mounted (its rocm_smi library)."""
+    (tmp_path / "hyhal/lib").mkdir(parents=True)
+    (tmp_path / "hyhal/lib/librocm_smi64.so.2").write_bytes(b"stub")
+    return tmp_path / "hyhal"
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    path = tmp_path / "x"
+    path.mkdir()
+    (path / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
+    (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
 def container():
     """docker run the image (detached, host network); every container is removed afterwards."""
     names = []
 
-    def run(*args: str, volumes: dict | None = None) -> str:
+    def run(*args: str, volumes: dict | None = None, options: tuple = ()) -> str:
         name = f"dcu-sim-test-{uuid.uuid4().hex[:8]}"
         mounts = [a for host, inside in (volumes or {}).items() for a in ("-v", f"{host}:{inside}:ro")]
-        subprocess.run(["docker", "run", "-d", "--name", name, "--network", "host", *mounts, TAG, *args],
+        subprocess.run(["docker", "run", "-d", "--name", name, "--network", "host", *options, *mounts, TAG, *args],
                        check=True, capture_output=True, timeout=60)
         names.append(name)
         return name
@@ -60,14 +81,11 @@ def test_second_build_is_cached(tarball):
     assert again.stdout.strip() == str(tarball)
 
 
-def test_vllm_serve_in_the_image_answers_models_and_completions(tarball, container, tmp_path):
-    model = tmp_path / "x"
-    model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["MiniCPMV"]}')
+def test_vllm_serve_in_the_image_answers_models_and_completions(tarball, container, model, hyhal):
     port = free_port()
     name = container("vllm", "serve", "/models/x", "--port", str(port), "--served-model-name", SERVED_MODEL,
                      "--gpu-memory-utilization", "0.9", "--trust-remote-code", "--sim-itl-ms", "1",
-                     volumes={model: "/models/x"})
+                     volumes={model: "/models/x", hyhal: "/opt/hyhal"}, options=(*DEVICES, *UNCONFINED))
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: http_status(url + "/v1/models") == 200, 30, what="simulator in the container")
     [card] = requests.get(url + "/v1/models", timeout=5).json()["data"]
@@ -87,3 +105,28 @@ def test_without_the_model_directory_the_container_exits_with_the_reason(tarball
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert "/models/missing is not a directory" in run.stderr
+
+
+def run_to_exit(*options: str, volumes: dict) -> subprocess.CompletedProcess:
+    mounts = [a for host, inside in volumes.items() for a in ("-v", f"{host}:{inside}:ro")]
+    return subprocess.run(["docker", "run", "--rm", "--name", f"dcu-sim-test-{uuid.uuid4().hex[:8]}", *options,
+                           *mounts, TAG, "vllm", "serve", "/models/x", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_image_refuses_to_start_where_a_dcu_runtime_would_fail(tarball, model, hyhal):
+    no_devices = run_to_exit(*UNCONFINED, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
+    assert no_devices.returncode == 1 and "hipErrorNoDevice" in no_devices.stderr
+    no_hyhal = run_to_exit(*DEVICES, *UNCONFINED, volumes={model: "/models/x"})
+    assert no_hyhal.returncode == 1 and "DEVCOUNT=0" in no_hyhal.stderr
+    assert "-v /opt/hyhal:/opt/hyhal:ro" in no_hyhal.stderr
+    default_seccomp = run_to_exit(*DEVICES, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
+    assert default_seccomp.returncode == 1 and "failed to check docker container" in default_seccomp.stderr
+    assert "--security-opt seccomp=unconfined" in default_seccomp.stderr
+
+
+def test_device_checks_can_be_switched_off(tarball, container, model):
+    port = free_port()
+    container("vllm", "serve", "/models/x", "--port", str(port), volumes={model: "/models/x"},
+              options=("-e", "DCU_SIM_DEVICE_CHECKS=0"))
+    wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, 30, what="simulator in the container")

@@ -2,9 +2,10 @@
 
 It takes the same command line as `vllm serve`, so one unit file serves a real card and the
 simulator: the flags it uses (--host, --port, --served-model-name, --max-num-seqs, --max-model-len,
---limit-mm-per-prompt, --reasoning-parser, --enable-server-load-tracking) are parsed, every other
-vLLM flag is accepted and reported once as ignored. Simulation knobs come from --sim-* flags or
-the DCU_SIM_* environment (an env file can change them without touching the vLLM command line).
+--limit-mm-per-prompt, --reasoning-parser, --enable-server-load-tracking, --task, --runner, --convert,
+--tensor-parallel-size, --tokenizer, --skip-tokenizer-init) are parsed, every other vLLM flag is
+accepted and reported once as ignored. Simulation knobs come from --sim-* flags or the DCU_SIM_*
+environment (an env file can change them without touching the vLLM command line).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from dcu_serving.sim import VLLM_VERSION
+from dcu_serving.sim import VLLM_VERSION, model, startup
 from dcu_serving.sim.config import SimConfig
 from dcu_serving.sim.faults import HELP as FAULT_HELP
 from dcu_serving.sim.faults import FaultError, parse_fault_list
+from dcu_serving.sim.model import StartupError
 
 log = logging.getLogger("dcu_serving.sim")
 
@@ -32,7 +34,7 @@ VLLM_SWITCHES = frozenset({
     "--disable-log-requests", "--enable-log-requests", "--disable-log-stats", "--enable-chunked-prefill",
     "--enable-auto-tool-choice", "--disable-frontend-multiprocessing", "--disable-fastapi-docs",
     "--enable-prompt-tokens-details", "--enable-force-include-usage", "--enable-request-id-headers",
-    "--disable-uvicorn-access-log", "--skip-tokenizer-init", "--enable-lora", "--async-scheduling",
+    "--disable-uvicorn-access-log", "--enable-lora", "--async-scheduling",
     "--enable-sleep-mode", "--headless", "--enable-expert-parallel", "--disable-sliding-window",
     "--disable-cascade-attn", "--enable-log-outputs", "--use-v2-block-manager", "--disable-async-output-proc",
 })
@@ -75,6 +77,13 @@ def _image_limit(text: str) -> int:
     return count
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def _faults(text: str):
     try:
         return parse_fault_list(text)
@@ -108,6 +117,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="any value: thinking goes to reasoning_content instead of <think> in content")
     s.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count in-flight requests in GET /load")
+    s.add_argument("--task", choices=model.TASK_CHOICES, default=None,
+                   help="deprecated in vLLM 0.11 (a warning says what replaces it): embed, score, ...")
+    s.add_argument("--runner", choices=("auto", "generate", "pooling", "draft"), default="auto",
+                   help="generate (chat, completions, transcriptions) or pooling (embeddings, rerank, score); "
+                        "auto: from config.json architectures")
+    s.add_argument("--convert", choices=("auto", "none", *model.POOLING_CONVERTS), default="auto",
+                   help="adapt the model into a pooling model (embed, classify, reward)")
+    s.add_argument("--tensor-parallel-size", "-tp", type=_at_least(1, int), default=1,
+                   help="cards one instance spans (attention heads must divide evenly); one server either way")
+    s.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    s.add_argument("--skip-tokenizer-init", action="store_true", help="load no tokenizer")
 
     g = s.add_argument_group("simulation (each also from the environment variable shown)")
 
@@ -130,6 +150,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     knob("--sim-load-seconds", "DCU_SIM_LOAD_SECONDS", _at_least(0), defaults.load_seconds,
          "simulated model load before listening (connections are refused meanwhile)")
     knob("--sim-seed", "DCU_SIM_SEED", int, defaults.seed, "seed of the generated text")
+    g.add_argument("--sim-embedding-dim", type=_at_least(1, int), default=_env("DCU_SIM_EMBEDDING_DIM", None, int),
+                   help="embedding size [DCU_SIM_EMBEDDING_DIM, default: hidden_size in config.json, else 1024]")
+    knob("--sim-tp-efficiency", "DCU_SIM_TP_EFFICIENCY", _fraction, defaults.tp_efficiency,
+         "with -tp N, the cards compute N x this as fast as one")
+    knob("--sim-tp-allreduce-ms", "DCU_SIM_TP_ALLREDUCE_MS", _at_least(0), defaults.tp_allreduce_ms,
+         "with -tp N > 1, added to every decoded token (the all-reduce between the cards)")
     g.add_argument("--sim-fault", type=_faults, action="append", default=None,
                    help=f"inject a fault from the start (repeatable, or comma-separated): {FAULT_HELP} "
                         "[DCU_SIM_FAULT]")
@@ -164,60 +190,51 @@ def split_ignored(known: set[str], argv: list[str]) -> tuple[list[str], list[str
     return kept, ignored
 
 
-def load_model_dir(path: Path) -> dict:
-    """Like vLLM: the model must be a directory with a readable config.json."""
-    config = path / "config.json"
-    if not path.is_dir():
-        raise SystemExit(f"dcu-vllm-sim: model path {path} is not a directory; vLLM needs the model "
-                         "directory there (with its config.json): fix MODEL_PATH or the volume mount")
-    try:
-        data = json.loads(config.read_text())
-    except FileNotFoundError:
-        raise SystemExit(f"dcu-vllm-sim: {config} does not exist; vLLM cannot load a model directory "
-                         "without config.json") from None
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"dcu-vllm-sim: cannot read {config}: {e}") from None
-    if not isinstance(data, dict):
-        raise SystemExit(f"dcu-vllm-sim: {config} must hold a JSON object")
-    return data
-
-
-def derived_max_len(model_config: dict) -> int | None:
-    for section in (model_config, model_config.get("text_config") or {}, model_config.get("llm_config") or {}):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def parse_config(argv: list[str]) -> tuple[SimConfig, list[str]]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command line (errors exit 2, as argparse does) and the vLLM flags the simulator ignores."""
     parser, serve = build_parser()
     known = {opt for p in (parser, serve) for action in p._actions for opt in action.option_strings}
     kept, ignored = split_ignored(known, argv)
     args = parser.parse_args(kept)
-    model = args.model or args.model_tag
-    if not model:
+    args.model = args.model or args.model_tag
+    if not args.model:
         serve.error("serve needs the model directory: dcu-vllm-sim serve MODEL_PATH ...")
-    if args.model and args.model_tag and args.model != args.model_tag:
+    if args.model_tag and args.model != args.model_tag:
         serve.error(f"two different models given: {args.model_tag} and --model {args.model}")
     faults = args.sim_fault if args.sim_fault is not None else [_env("DCU_SIM_FAULT", [], _faults)]
-    faults = [f for group in faults for f in group]
-    model_config = load_model_dir(Path(model))
-    config = SimConfig(
-        model_path=Path(model),
-        served_model_names=args.served_model_name or [model],
+    args.sim_fault = [f for group in faults for f in group]
+    return args, ignored
+
+
+def build_config(args: argparse.Namespace) -> SimConfig:
+    """Read the model directory and resolve what the instance serves, like vLLM's ModelConfig (may refuse)."""
+    path = Path(args.model)
+    model_config = model.load_model_dir(path)
+    resolved = model.resolve(path, model_config, args.task, args.runner, args.convert)
+    model.check_tensor_parallel(model_config, args.tensor_parallel_size)
+    matryoshka, matryoshka_dims = model.matryoshka(model_config)
+    hidden = model.text_config(model_config).get("hidden_size")
+    return SimConfig(
+        model_path=path,
+        served_model_names=args.served_model_name or [args.model],
         host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len or derived_max_len(model_config) or 32768,
+        max_model_len=args.max_model_len or model.derived_max_len(model_config) or 32768,
         image_limit=999 if args.image_limit is None else args.image_limit,
         reasoning_parser=args.reasoning_parser,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        architecture=resolved.architecture, runner=resolved.runner, convert=resolved.convert,
+        tasks=resolved.tasks, encoder_only=resolved.encoder_only,
+        embedding_dim=args.sim_embedding_dim or (hidden if isinstance(hidden, int) and hidden > 0 else 1024),
+        matryoshka=matryoshka, matryoshka_dimensions=matryoshka_dims,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_audio_mb=_env("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", 25, int),
         ttft_ms=args.sim_ttft_ms, itl_ms=args.sim_itl_ms, itl_jitter=args.sim_itl_jitter,
         prefill_tokens_per_s=args.sim_prefill_tokens_per_s, image_ms=args.sim_image_ms,
         think_tokens=args.sim_think_tokens, answer_tokens=args.sim_answer_tokens,
-        load_seconds=args.sim_load_seconds, seed=args.sim_seed, faults=faults,
+        load_seconds=args.sim_load_seconds, seed=args.sim_seed,
+        tp_efficiency=args.sim_tp_efficiency, tp_allreduce_ms=args.sim_tp_allreduce_ms, faults=args.sim_fault,
     )
-    return config, ignored
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,21 +242,37 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr,
         format="%(levelname)s %(asctime)s [dcu-vllm-sim] %(message)s", datefmt="%m-%d %H:%M:%S",
     )
-    config, ignored = parse_config(sys.argv[1:] if argv is None else argv)
+    args, ignored = parse_args(sys.argv[1:] if argv is None else argv)
+    log.info("vLLM API server version %s (simulated by dcu-vllm-sim)", VLLM_VERSION)
     if ignored:
         log.warning("ignoring vLLM flags the simulator has no use for: %s", " ".join(ignored))
-    log.info("vLLM API server version %s (simulated by dcu-vllm-sim)", VLLM_VERSION)
-    log.info("model %s served as %s: max_model_len=%d max_num_seqs=%d image_limit=%d",
-             config.model_path, ", ".join(config.served_model_names), config.max_model_len,
-             config.max_num_seqs, config.image_limit)
     # As PID 1 in a container a signal without a handler is ignored: stop promptly even while loading.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if config.load_seconds:
-        # Like vLLM: nothing listens until the weights are loaded (clients see connection refused).
-        log.info("loading model weights (simulated, %.1fs)", config.load_seconds)
-        time.sleep(config.load_seconds)
+    try:
+        config = build_config(args)
+        log.info("model %s (%s) served as %s: runner=%s tasks=%s max_model_len=%d max_num_seqs=%d "
+                 "tensor_parallel_size=%d image_limit=%d", config.model_path, config.architecture or "?",
+                 ", ".join(config.served_model_names), config.runner, ",".join(sorted(config.tasks)),
+                 config.max_model_len, config.max_num_seqs, config.tensor_parallel_size, config.image_limit)
+        # In vLLM's order: the tokenizer (hub lookups), then the engine: devices, internal port, weights.
+        startup.check_offline(config.model_path, args.tokenizer and Path(args.tokenizer), args.skip_tokenizer_init)
+        startup.log_usage_stats()
+        startup.check_devices()
+        internal_port = startup.get_open_port(startup.vllm_port())
+        if config.load_seconds:
+            # Like vLLM: nothing listens until the weights are loaded (clients see connection refused).
+            log.info("loading model weights (simulated, %.1fs)", config.load_seconds)
+            time.sleep(config.load_seconds)
+        internal = startup.bind_internal_port(internal_port)
+    except StartupError as e:
+        for line in e.lines:
+            log.error("%s", line)
+        return 1
+    log.info("torch.distributed TCPStore bound on port %d (VLLM_PORT=%s)", internal_port,
+             os.environ.get("VLLM_PORT", "unset"))
 
     from dcu_serving.sim.server import serve  # imported late: argument errors stay fast
 
     serve(config)
+    internal.close()
     return 0

@@ -65,6 +65,12 @@ class Sequence:
     rng: random.Random
     arrival: float = field(default_factory=time.monotonic)
     generated: int = 0
+    encoder_tokens: int = 0     # audio frames an encoder reads before the first token (Whisper: 1500 per 30 s)
+
+    @classmethod
+    def pooling(cls, request_id: str, prompt_tokens: int) -> Sequence:
+        """A pooling request (an embedding, a score): a prefill and no generated token."""
+        return cls(request_id, prompt_tokens, 0, [], "stop", 0, random.Random(0))
 
 
 def plan(config: SimConfig, key: dict, prompt_tokens: int, images: int, thinking: bool,
@@ -130,8 +136,14 @@ class Engine:
 
     def time_to_first_token(self, seq: Sequence) -> float:
         c = self.config
-        ms = c.ttft_ms + seq.prompt_tokens / c.prefill_tokens_per_s * 1000 + seq.images * c.image_ms
+        prefill = (seq.prompt_tokens + seq.encoder_tokens) / c.prefill_speed * 1000
+        ms = c.ttft_ms + prefill + seq.images * c.image_ms
         return ms / 1000 * self.faults.slow_factor
+
+    async def pool(self, seq: Sequence):
+        """Run a pooling request: queued like any other, done when its prompt is prefilled."""
+        async with self.run(seq) as timer:
+            await timer.prefilled()
 
     @asynccontextmanager
     async def run(self, seq: Sequence):
@@ -163,6 +175,12 @@ class Timer:
         self.due = self.loop.time() + engine.time_to_first_token(seq)
         self.last = 0.0
 
+    async def prefilled(self):
+        delay = self.due - self.loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self.engine.metrics.prefilled(self.seq.prompt_tokens, time.monotonic() - self.seq.arrival)
+
     async def next_token(self):
         engine, seq = self.engine, self.seq
         delay = self.due - self.loop.time()
@@ -183,6 +201,6 @@ class Timer:
             m.token(now - self.last)
         self.last = now
         c = engine.config
-        gap = c.itl_ms / 1000 * (1 + c.itl_jitter * (2 * seq.rng.random() - 1)) * engine.faults.slow_factor
+        gap = c.token_ms / 1000 * (1 + c.itl_jitter * (2 * seq.rng.random() - 1)) * engine.faults.slow_factor
         # Keep the schedule (so the mean gap stays as configured) unless we fell a whole gap behind.
         self.due = max(self.due + gap, now)

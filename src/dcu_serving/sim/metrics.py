@@ -60,8 +60,12 @@ class Metrics:
         self.kv_cache.set_function(lambda: engine.kv_cache_usage)
 
     def first_token(self, prompt_tokens: int, ttft: float):
-        self.prompt_tokens.inc(prompt_tokens)
+        self.prefilled(prompt_tokens, ttft)
         self.generation_tokens.inc()
+
+    def prefilled(self, prompt_tokens: int, ttft: float):
+        """A prompt is processed (a pooling request ends here; a generated one has its first token)."""
+        self.prompt_tokens.inc(prompt_tokens)
         self.ttft.observe(ttft)
 
     def token(self, gap: float):

@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any, Optional, Union
 
 from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
 # MiniCPM-V encodes an image as 448x448 slices (at most 9, plus an overview) of 64 tokens each.
 SLICE_PIXELS = 448 * 448
@@ -27,12 +27,13 @@ GENERATION_PROMPT_TOKENS = 3
 
 
 class APIError(Exception):
-    """An error answered in vLLM's envelope."""
+    """An error answered in vLLM's envelope; `http_status` when the HTTP status differs from the envelope's code."""
 
     def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
-                 param: str | None = None):
+                 param: str | None = None, http_status: int | None = None):
         super().__init__(message)
         self.message, self.status, self.err_type, self.param = message, status, err_type, param
+        self.http_status = http_status or status
 
     def body(self) -> dict:
         return error_body(self.message, self.err_type, self.status, self.param)
@@ -129,7 +130,8 @@ def validation_error(errors: list[dict]) -> APIError:
     return APIError(message.rstrip(), HTTPStatus.BAD_REQUEST, HTTPStatus.BAD_REQUEST.phrase, param)
 
 
-def parse_request(raw: bytes, model: type[BaseModel] = ChatCompletionRequest):
+def parse_request(raw: bytes, model: type[BaseModel] | TypeAdapter = ChatCompletionRequest):
+    """Validate a JSON body against a request model (or a TypeAdapter of a union of them, as FastAPI does)."""
     if not raw.strip():
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
     try:
@@ -139,7 +141,7 @@ def parse_request(raw: bytes, model: type[BaseModel] = ChatCompletionRequest):
         raise validation_error([{"type": "json_invalid", "loc": (pos,), "msg": "JSON decode error",
                                  "input": {}, "ctx": {"error": why}}]) from None
     try:
-        return model.model_validate(data)
+        return model.validate_python(data) if isinstance(model, TypeAdapter) else model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e.errors(include_url=False)) from None
 
