@@ -14,7 +14,7 @@ from dcu_serving.proxy.answers import ANSWER_FIELDS, answer_fields, error_messag
 
 def note(body: bytes, status: int = 200) -> dict:
     """The record's answer fields after the relay has noted a whole answer."""
-    return dict(zip(ANSWER_FIELDS, answer_fields(body, status)))
+    return dict(zip(ANSWER_FIELDS, answer_fields(body, status), strict=True))
 
 
 def event(obj) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -19,14 +19,14 @@ from dcu_serving.proxy.results import ResultsLog, _line, _timestamp
 
 @pytest.mark.parametrize("t", [0.0, 1.9995, 1.9999996, 232974087.0129997, 1795964965.9999999])
 def test_timestamps_are_what_datetime_writes(t):
-    assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+    assert _timestamp(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 def test_timestamps_agree_with_datetime_across_many_seconds():
     rng = random.Random(4711)
     for _ in range(20000):
         t = rng.uniform(0, 4e9)
-        assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+        assert _timestamp(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 def test_a_line_is_one_json_object_with_an_iso_time():

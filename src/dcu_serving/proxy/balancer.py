@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections import deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from .errors import ProxyError
@@ -46,7 +46,7 @@ class Backend:
         self.last_check: float | None = None
 
     def status(self) -> dict:
-        last_check = (datetime.fromtimestamp(self.last_check, timezone.utc).isoformat(timespec="seconds")
+        last_check = (datetime.fromtimestamp(self.last_check, UTC).isoformat(timespec="seconds")
                       if self.last_check is not None else None)
         return {"url": self.url, "healthy": self.healthy, "active": self.active, "cap": self.cap,
                 "served": self.served, "failures": self.failures, "last_error": self.last_error,
