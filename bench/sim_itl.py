@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 import aiohttp
@@ -75,7 +76,7 @@ async def stream(session: aiohttp.ClientSession, url: str, n: int) -> tuple[list
         async for line in r.content:
             if line.startswith(b'data: {') and b'"content":"' in line and b'"role"' not in line:
                 stamps.append(time.perf_counter())
-    return [b - a for a, b in zip(stamps, stamps[1:])], stamps[0] - start
+    return [b - a for a, b in pairwise(stamps)], stamps[0] - start
 
 
 async def load(urls: list[str], per_backend: int, rounds: int) -> tuple[list[float], list[float]]:

@@ -42,7 +42,8 @@ def tiny_image():
 
 
 @pytest.fixture
-def manifest(vendor, tiny_image) -> dict:
+def local_manifest(vendor) -> dict:
+    """Every kind but images: a bundle built without a Docker engine."""
     run = vendor / "driver" / "rock-6.3.30-V1.4.1a.run"
     dtk = vendor / "dtk" / "DTK-26.04-Debian12-x86_64.tar.gz"
     return {
@@ -50,12 +51,17 @@ def manifest(vendor, tiny_image) -> dict:
             {"name": "rock", "kind": "driver", "version": "6.3.30-V1.4.1a", "src": str(run), "sha256": sha256(run)},
             {"name": "dtk", "kind": "dtk", "version": "26.04", "src": str(dtk), "sha256": sha256(dtk)},
         ],
-        "images": [{"name": "tiny", "ref": tiny_image}],
         "wheels": {"python_version": "3.11", "platforms": ["manylinux_2_36_x86_64"], "requirements": [],
                    "local_projects": [str(REPO)], "no_deps": True},
         "collection": {"path": str(REPO)},
         "collections": ["ansible.posix"],
     }
+
+
+@pytest.fixture
+def manifest(local_manifest, tiny_image) -> dict:
+    """Every kind, a tiny image from the local engine included."""
+    return {**local_manifest, "images": [{"name": "tiny", "ref": tiny_image}]}
 
 
 @pytest.fixture

@@ -17,13 +17,12 @@ from dcu_serving.bundle.manifest import ManifestError, parse
 from dcu_serving.bundle.verify import verify
 from support import REPO
 
-pytestmark = pytest.mark.docker
-
 
 def index(bundle):
     return json.loads((bundle / "index.json").read_text())
 
 
+@pytest.mark.docker  # the manifest holds an image from the local engine
 def test_build_holds_every_kind_with_sums_and_image_identity(build, manifest, tmp_path, tiny_image):
     build(manifest)
     bundle = tmp_path / "bundle"
@@ -49,6 +48,7 @@ def test_build_holds_every_kind_with_sums_and_image_identity(build, manifest, tm
     assert verify(bundle, ChecksumCache(None)) == []
 
 
+@pytest.mark.docker  # the manifest holds an image from the local engine
 def test_verify_reports_every_problem(build, manifest, tmp_path, capsys):
     build(manifest)
     bundle = tmp_path / "bundle"
@@ -74,6 +74,7 @@ def test_verify_reports_every_problem(build, manifest, tmp_path, capsys):
         assert name in out
 
 
+@pytest.mark.docker  # the manifest holds an image from the local engine
 def test_rebuild_changes_nothing(build, manifest, tmp_path):
     build(manifest)
     bundle = tmp_path / "bundle"
@@ -84,6 +85,7 @@ def test_rebuild_changes_nothing(build, manifest, tmp_path):
     assert after == before
 
 
+@pytest.mark.docker  # the manifest holds an image from the local engine
 def test_rebuild_repairs_a_damaged_bundle(build, manifest, tmp_path):
     build(manifest)
     bundle = tmp_path / "bundle"
@@ -97,10 +99,10 @@ def test_rebuild_repairs_a_damaged_bundle(build, manifest, tmp_path):
     assert verify(bundle, ChecksumCache(None)) == []
 
 
-def test_a_source_with_another_sum_is_refused(build, manifest, tmp_path):
-    manifest["files"][0]["sha256"] = "0" * 64
+def test_a_source_with_another_sum_is_refused(build, local_manifest, tmp_path):
+    local_manifest["files"][0]["sha256"] = "0" * 64
     with pytest.raises(BuildError) as err:
-        build(manifest)
+        build(local_manifest)
     message = str(err.value)
     assert "driver/rock-6.3.30-V1.4.1a.run" in message and "0" * 64 in message
     assert not (tmp_path / "bundle" / "driver" / "rock-6.3.30-V1.4.1a.run").exists()
@@ -122,8 +124,8 @@ def test_manifest_mistakes_are_all_named():
     assert len(err.value.errors) == 4
 
 
-def test_collections_install_offline_from_the_bundle(build, manifest, tmp_path):
-    build(manifest)
+def test_collections_install_offline_from_the_bundle(build, local_manifest, tmp_path):
+    build(local_manifest)
     tarballs = sorted(str(p) for p in (tmp_path / "bundle" / "collections").glob("*.tar.gz"))
     galaxy = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
     done = subprocess.run([galaxy, "collection", "install", "--offline", "--force", "-p", str(tmp_path / "c"),

@@ -1,4 +1,5 @@
-"""image_archive against the real Docker engine: reads archives without loading, loads only what is missing."""
+"""image_archive: reads archives without loading (also OCI layouts and non-archives, without an engine), and
+against the real Docker engine loads only what is missing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pytest
 from ansible_collections.dcu.serving.plugins.module_utils.image_archive import ArchiveError, read_images
 from support import REPO
 
-pytestmark = pytest.mark.docker
 ANSIBLE = str(REPO / ".venv" / "bin" / "ansible")
 
 
@@ -55,11 +55,13 @@ def run_module(**args) -> dict:
     return doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
+@pytest.mark.docker
 def test_reads_refs_and_config_digest_without_loading(tiny_image):
     ref, image_id, archive = tiny_image
     assert read_images(archive) == [{"refs": [ref], "config_digest": image_id}]
 
 
+@pytest.mark.docker
 def test_reads_gzip_compressed_archives(tiny_image, tmp_path):
     ref, image_id, archive = tiny_image
     gz = tmp_path / "tiny.tar.gz"
@@ -89,6 +91,7 @@ def test_not_an_archive_is_a_clear_error(tmp_path):
         read_images(bad)
 
 
+@pytest.mark.docker
 def test_loads_only_when_missing_and_reports_honestly(tiny_image, tmp_path):
     ref, image_id, archive = tiny_image
     sha = subprocess.run(["sha256sum", str(archive)], capture_output=True, text=True).stdout.split()[0]
@@ -108,6 +111,7 @@ def test_loads_only_when_missing_and_reports_honestly(tiny_image, tmp_path):
     assert second["checksum"]["cached"] is True
 
 
+@pytest.mark.docker
 def test_corrupted_tarball_fails_with_file_expected_and_actual(tiny_image, tmp_path):
     _, _, archive = tiny_image
     result = run_module(path=str(archive), sha256="0" * 64, cache="")

@@ -1,30 +1,32 @@
-"""The cheap paths behind every request's record: timestamps, answer scanning, histograms."""
+"""The cheap paths behind every request's record: timestamps, results lines, histograms, request ids.
+
+What the record takes from the answers: test_answers.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from dcu_serving.proxy import fastjson
 from dcu_serving.proxy.metrics import Histogram
+from dcu_serving.proxy.responses import new_request_id
 from dcu_serving.proxy.results import ResultsLog, _line, _timestamp
-from dcu_serving.proxy.server import _note_answer, new_request_id
 
 
 @pytest.mark.parametrize("t", [0.0, 1.9995, 1.9999996, 232974087.0129997, 1795964965.9999999])
 def test_timestamps_are_what_datetime_writes(t):
-    assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+    assert _timestamp(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 def test_timestamps_agree_with_datetime_across_many_seconds():
     rng = random.Random(4711)
     for _ in range(20000):
         t = rng.uniform(0, 4e9)
-        assert _timestamp(t) == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+        assert _timestamp(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 def test_a_line_is_one_json_object_with_an_iso_time():
@@ -45,30 +47,6 @@ def test_a_lone_surrogate_from_the_caller_costs_no_line(tmp_path):  # orjson can
     asyncio.run(log_three())
     assert [json.loads(line)["orid"] for line in path.read_text().splitlines()] == ["before", "\ud800 from JSON",
                                                                                    "after"]
-
-
-def note(body: bytes, status: int = 200) -> dict:
-    rec = {"finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "error": None}
-    _note_answer(body, status, rec)
-    return rec
-
-
-def test_answer_fields_come_from_the_first_choice_and_the_usage():
-    answer = {"choices": [{"message": {"content": 'the text says "finish_reason": "evil", "usage": {}'},
-                           "finish_reason": "length"},
-                          {"message": {"content": "second"}, "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 13, "completion_tokens": 6, "total_tokens": 19}}
-    for text in (json.dumps(answer), json.dumps(answer, separators=(",", ":")), json.dumps(answer, indent=2)):
-        assert note(text.encode()) == {"finish_reason": "length", "prompt_tokens": 13, "completion_tokens": 6,
-                                       "error": None}
-
-
-def test_answers_without_the_fields_leave_them_empty():
-    assert note(b"<html>busy</html>")["finish_reason"] is None
-    assert note(b'{"choices": [], "usage": null}') == {"finish_reason": None, "prompt_tokens": None,
-                                                      "completion_tokens": None, "error": None}
-    assert note(b'{"error": {"message": "no such model"}}', 404)["error"] == "no such model"
-    assert note(b"upstream exploded", 500)["error"] == "upstream exploded"
 
 
 def test_histogram_buckets_are_inclusive_upper_bounds():

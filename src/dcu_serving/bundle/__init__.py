@@ -3,7 +3,8 @@
 A bundle is a directory with every artifact an air-gapped host needs, described by `index.json`
 (format 1: name, kind, version, file, sha256, size, source; images add refs and config_digest) and
 `SHA256SUMS` (`sha256sum -c` compatible). `dcu-bundle build` makes one from a manifest,
-`dcu-bundle verify` checks one offline and reports every problem.
+`dcu-bundle verify` checks one offline and reports every problem. It needs nothing beyond the base
+install of dcu-serving (PyYAML).
 """
 
 KINDS = {

@@ -8,7 +8,8 @@
     for piece in recognize_stream("test.jpg", orid="ORD-125"):
         print(piece, end="", flush=True)
 
-Needs only `requests` and Pillow. The base URL defaults from DCU_SERVING_URL.
+Needs only `requests` and Pillow: `pip install 'dcu-serving[client]'`. The base URL defaults from
+DCU_SERVING_URL.
 """
 
 from .api import Client, Result, Retry, Stream, check_service, recognize, recognize_stream

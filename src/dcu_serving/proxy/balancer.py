@@ -1,9 +1,10 @@
 """Least-active routing over healthy backends, the proxy's own FIFO queue, health checks and ejection.
 
-A request takes a slot (`acquire`) before it is sent and gives it back (`release`) in a `finally`, so a
-count can neither leak nor go negative, cancellation included. When every slot is busy the request waits
-here, in one FIFO shared by all cards, and the first slot freed anywhere goes to the first waiter: a
-request queued inside one vLLM could not move to a card that frees up sooner, one queued here can.
+A request takes a slot before it is sent (`take`, or `wait` in the queue when none is free) and gives it
+back (`release`) in a `finally`, so a count can neither leak nor go negative, cancellation included. When
+every slot is busy the request waits here, in one FIFO shared by all cards, and the first slot freed
+anywhere goes to the first waiter: a request queued inside one vLLM could not move to a card that frees up
+sooner, one queued here can.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import random
 import time
 from collections import deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from .errors import ProxyError
@@ -45,7 +46,7 @@ class Backend:
         self.last_check: float | None = None
 
     def status(self) -> dict:
-        last_check = (datetime.fromtimestamp(self.last_check, timezone.utc).isoformat(timespec="seconds")
+        last_check = (datetime.fromtimestamp(self.last_check, UTC).isoformat(timespec="seconds")
                       if self.last_check is not None else None)
         return {"url": self.url, "healthy": self.healthy, "active": self.active, "cap": self.cap,
                 "served": self.served, "failures": self.failures, "last_error": self.last_error,
@@ -94,16 +95,13 @@ class Balancer:
                     best = b
         return best
 
-    async def acquire(self, deadline: float, front: bool = False) -> Backend:
-        """A slot on a backend, now or after waiting in the queue until `deadline` (loop time).
-
-        `front` puts a retried request ahead of the queue: it has waited its turn already.
-        Raises ProxyError 503 (no backend, queue full) or DeadlineExceeded.
-        """
-        return self.take(front) or await self.wait(deadline, front)
-
     def take(self, front: bool = False) -> Backend | None:
-        """A free slot now, or None: then `wait` for one. The request path's shortcut for `acquire`."""
+        """A free slot now, or None: then `wait` for one.
+
+        A plain function, so a request that finds a slot free (most do) runs no coroutine for it. `front`
+        is for a retried request: it has waited its turn already, so waiters do not hold it back.
+        Raises ProxyError 503 when no backend is routable.
+        """
         if not self._routable:
             raise no_backend(self.retry_after)
         if front or not self._waiters:
@@ -114,7 +112,11 @@ class Balancer:
         return None
 
     async def wait(self, deadline: float, front: bool = False) -> Backend:
-        """Queue for the next free slot (after `take` found none)."""
+        """Queue for the next free slot (after `take` found none) until `deadline` (loop time).
+
+        `front` puts a retried request ahead of the queue, even a full one. Raises ProxyError 503 (queue
+        full, or no routable backend left) or DeadlineExceeded.
+        """
         if len(self._waiters) >= self.queue_size and not front:
             raise ProxyError(503, f"Service busy: all slots are in use and the proxy's queue is full "
                                   f"({self.queue_size} waiting). Retry after a moment.",

@@ -36,7 +36,7 @@ class Histogram:
 
     def family(self) -> HistogramMetricFamily:
         buckets, cumulative = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts):
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             cumulative += count
             buckets.append((floatToGoString(bound), cumulative))
         return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)

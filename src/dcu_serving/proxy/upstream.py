@@ -276,7 +276,7 @@ class Pool:
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ConnectFailed(f"connecting to {self.name} timed out after {timeout:g} s") from None
         except OSError as e:
             raise ConnectFailed(f"cannot connect to {self.name}: {e.strerror or e}") from None
