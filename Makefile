@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit molecule test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv lint unit unit-docker molecule test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ help:  ## list targets
 $(BIN)/.stamp: requirements/constraints.txt requirements/dev.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade -c requirements/constraints.txt pip setuptools wheel
-	$(BIN)/pip install -q -c requirements/constraints.txt -r requirements/dev.txt -e .
+	$(BIN)/pip install -q -c requirements/constraints.txt -r requirements/dev.txt -e '.[all]'
 	mkdir -p .collections/ansible_collections/dcu
 	ln -sfn ../../.. .collections/ansible_collections/dcu/serving
 	touch $@
@@ -27,9 +27,12 @@ lint: venv  ## ansible-lint (production profile), yamllint, ruff
 	$(BIN)/ruff check src tests tools bench plugins molecule
 	$(BIN)/ansible-lint --profile production
 
-unit: venv  ## pytest: modules, proxy, client, simulator, bundle
+unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
+	$(BIN)/pytest -q -m "not docker"
+
+unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m docker
 
 images: venv  ## build the local test images (cached by recipe hash)
 	tools/ensure-docker
@@ -49,14 +52,14 @@ molecule: venv images bundle  ## every molecule scenario
 	  echo "== molecule test -s $$s"; $(BIN)/molecule test -s $$s; \
 	done
 
-test: lint unit molecule  ## everything CI runs
+test: lint unit unit-docker molecule  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/
 
 constraints:  ## re-pin requirements/constraints.txt from a fresh resolve
 	rm -rf build/pin && $(PY) -m venv build/pin
-	build/pin/bin/pip install -q -r requirements/dev.txt -e .
+	build/pin/bin/pip install -q -r requirements/dev.txt -e '.[all]'
 	{ echo "# Pinned toolchain and runtime versions (regenerate: make constraints)."; \
 	  build/pin/bin/pip freeze --exclude-editable; } > requirements/constraints.txt
 

@@ -144,7 +144,7 @@ def test_merge_matches_by_address_and_reports_disagreements(fake_sysfs, sample):
 def test_hy_smi_numa_wins_over_old_kernels_zeros(fake_sysfs, sample):
     functions = hysmi.pci_functions(str(fake_sysfs(module=("hycu", ""), bdfs=BW_BDFS, drm_base=0, numa=[0] * 8)))
     rows = [dict(bus, numa_node=topo["numa_node"]) for bus, topo in
-            zip(_rows(sample("showbus_bw1100.txt")), _rows(sample("showtopo_bw1100.txt")))]
+            zip(_rows(sample("showbus_bw1100.txt")), _rows(sample("showtopo_bw1100.txt")), strict=True)]
     cards, _ = hysmi.merge(functions, rows)
     assert [c["numa_node"] for c in cards] == [0, 0, 0, 0, 1, 1, 1, 1]
 

@@ -74,7 +74,7 @@ def test_openai_sdk_float_and_base64(embedder):
     raw = base64.b64decode(embed(embedder, {"input": "one text", "encoding_format": "base64"})["data"][0]["embedding"])
     decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
     assert len(decoded) == 1024
-    assert all(abs(a - b) < 1e-6 for a, b in zip(decoded, plain.data[0].embedding))
+    assert all(abs(a - b) < 1e-6 for a, b in zip(decoded, plain.data[0].embedding, strict=True))
 
 
 def test_token_ids_and_batches(embedder):
@@ -184,7 +184,7 @@ def test_embedding_model_reranks_by_cosine_of_its_embeddings(embedder):
     answer = post(embedder, "/rerank", {"query": QUERY, "documents": DOCUMENTS}).json()
     assert answer["results"][0]["index"] == 1
     vectors = [d["embedding"] for d in embed(embedder, {"input": [QUERY, *DOCUMENTS]})["data"]]
-    cosines = [math.fsum(a * b for a, b in zip(vectors[0], v)) for v in vectors[1:]]
+    cosines = [math.fsum(a * b for a, b in zip(vectors[0], v, strict=True)) for v in vectors[1:]]
     by_index = {x["index"]: x["relevance_score"] for x in answer["results"]}
     assert all(abs(by_index[i] - c) < 1e-9 for i, c in enumerate(cosines))
     score = post(embedder, "/score", {"text_1": QUERY, "text_2": DOCUMENTS[1]}).json()["data"][0]["score"]

@@ -197,7 +197,7 @@ async def text_completions(request: web.Request, config: SimConfig, faults: Faul
         "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": i, "text": echo + "".join(seq.pieces), "logprobs": None,
                      "finish_reason": seq.finish_reason, "stop_reason": None, "prompt_logprobs": None}
-                    for i, (seq, echo) in enumerate(zip(seqs, echoes))],
+                    for i, (seq, echo) in enumerate(zip(seqs, echoes, strict=True))],
         "service_tier": None, "system_fingerprint": None,
         "usage": {**_usage(*seqs), "prompt_tokens_details": None}, "kv_transfer_params": None,
     })

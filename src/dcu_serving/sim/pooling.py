@@ -107,7 +107,7 @@ def embedding(item: str | list[int], seed: int, dim: int) -> list[float]:
     key = item if isinstance(item, str) else " ".join(map(str, item))
     vector = [WHOLE_TEXT_WEIGHT * v for v in _unit_noise(seed, "\x01" + key, dim)]
     for word in words(item):
-        vector = [a + b for a, b in zip(vector, _unit_noise(seed, word, dim))]
+        vector = [a + b for a, b in zip(vector, _unit_noise(seed, word, dim), strict=True)]
     return vector
 
 
@@ -117,7 +117,7 @@ def normalised(vector: list[float]) -> list[float]:
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(normalised(a), normalised(b)))
+    return sum(x * y for x, y in zip(normalised(a), normalised(b), strict=True))
 
 
 def relevance_logit(query: str, document: str, seed: int) -> float:
@@ -259,7 +259,7 @@ async def _scores(request: web.Request, config: SimConfig, prefix: str, texts_1:
     """One score per pair (1:N pairs the single text_1 with each text_2) and the prompt tokens used."""
     _check_lengths(texts_1, texts_2)
     check_truncation(config, truncate)
-    pairs = list(zip(texts_1 * len(texts_2) if len(texts_1) == 1 else texts_1, texts_2))
+    pairs = list(zip(texts_1 * len(texts_2) if len(texts_1) == 1 else texts_1, texts_2, strict=True))
     counts = {text: count_tokens(config, text) for text in texts_1 + texts_2}
     if "classify" in config.tasks:  # a cross-encoder reads each pair as one prompt
         tokens = [check_prompt(config, counts[a] + counts[b], truncate, operation) for a, b in pairs]
