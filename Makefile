@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit unit-docker molecule test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv lint unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,7 +52,10 @@ molecule: venv images bundle  ## every molecule scenario
 	  echo "== molecule test -s $$s"; $(BIN)/molecule test -s $$s; \
 	done
 
-test: lint unit unit-docker molecule  ## everything CI runs, cheapest first
+compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
+	tools/compat-check
+
+test: lint unit unit-docker molecule compat  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/

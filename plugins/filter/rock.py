@@ -49,15 +49,17 @@ def rock_install_state(packages, record, artifact):
     if not isinstance(artifact, dict) or not artifact.get("sha256") or not artifact.get("version"):
         raise AnsibleFilterError("rock_install_state: the artifact needs file, sha256 and version")
     record = record if isinstance(record, dict) else {}
-    names = [p["name"] for p in packages]
-    found = ", ".join("{} {}".format(p["name"], p["version"]) for p in packages) or "none"
-    if record.get("sha256") == artifact["sha256"] and record.get("package", {}).get("name") in names:
-        return {"installed": True, "adopt": False, "installed_version": artifact["version"],
-                "reason": "{} (sha256 {}) was installed by this role; package {}".format(
-                    artifact["file"], artifact["sha256"][:12], found)}
+    installed = [(p["name"], p["version"]) for p in packages]
+    found = ", ".join("{} {}".format(*p) for p in installed) or "none"
+    recorded = record.get("package") or {}
+    if record.get("sha256") == artifact["sha256"] and (recorded.get("name"), recorded.get("version")) in installed:
+        return {"installed": True, "adopt": False, "installed_version": artifact["version"], "package": recorded,
+                "reason": "{} (sha256 {}) was installed by this role: package {} {}".format(
+                    artifact["file"], artifact["sha256"][:12], recorded["name"], recorded["version"])}
     matching = [p for p in packages if rock_version.same(p["parsed"], artifact["version"])]
     if matching:
         return {"installed": True, "adopt": True, "installed_version": artifact["version"],
+                "package": {"name": matching[0]["name"], "version": matching[0]["version"]},
                 "reason": "package {} {} is rock {} (installed without this role's record)".format(
                     matching[0]["name"], matching[0]["version"], artifact["version"])}
     if record.get("sha256") == artifact["sha256"]:
@@ -65,7 +67,7 @@ def rock_install_state(packages, record, artifact):
             artifact["file"])
     else:
         reason = "installed rock packages: {}; wanted rock {}".format(found, artifact["version"])
-    return {"installed": False, "adopt": False, "installed_version": None, "reason": reason}
+    return {"installed": False, "adopt": False, "installed_version": None, "package": {}, "reason": reason}
 
 
 def rock_module(version):
@@ -94,11 +96,22 @@ def rock_reboot_reasons(driver, installed_version):
     return []
 
 
-def rock_package_of(packages, version):
-    """The installed package that is rock `version`, as {name, version}; {} when none is."""
+def rock_package_of(packages, version, before=None):
+    """The package an installer of rock `version` left, as {name, version}; {} when none is found.
+
+    The package that appeared or changed since `before` (the packages before the installer ran) is the
+    installer's, however it spells its name and version (rock-6.3.27 1.2.5 would be a rock 6.3.27 that
+    no version compare recognises); else the one whose version is `version`.
+    """
+    known = set((p["name"], p["version"]) for p in before or [])
+    new = [p for p in packages if (p["name"], p["version"]) not in known]
+    if len(new) == 1:
+        return {"name": new[0]["name"], "version": new[0]["version"]}
     for package in packages:
         if rock_version.same(package["parsed"], version):
             return {"name": package["name"], "version": package["version"]}
+    if len(packages) == 1:
+        return {"name": packages[0]["name"], "version": packages[0]["version"]}
     return {}
 
 

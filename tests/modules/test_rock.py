@@ -67,6 +67,17 @@ def test_installed_by_the_record_whatever_the_package_says():
     assert state["installed"] and not state["adopt"]
 
 
+def test_the_installers_package_is_recorded_however_it_spells_its_version():
+    """Whether a 6.3 rpm is named rock-6.3.27 with version 1.2.5 is not known: the record takes the package
+    that appeared with the install, and the next run recognises it by that record."""
+    before = rock.rock_packages(_query(("installed", "rock-5.7.1", "6.2.35")))
+    after = rock.rock_packages(_query(("installed", "rock-6.3.27", "1.2.5")))
+    package = rock.rock_package_of(after, ARTIFACT["version"], before)
+    assert package == {"name": "rock-6.3.27", "version": "1.2.5"}
+    state = rock.rock_install_state(after, {"sha256": ARTIFACT["sha256"], "package": package}, ARTIFACT)
+    assert state["installed"] and not state["adopt"]
+
+
 def test_installed_without_a_record_is_adopted_by_a_normalised_compare():
     packages = rock.rock_packages(_query(("installed", "rock", "6.3.27-1.2.5")))  # deb spelling of rpm's VR
     state = rock.rock_install_state(packages, {}, ARTIFACT)

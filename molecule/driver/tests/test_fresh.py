@@ -26,7 +26,7 @@ def test_check_mode_reports_changes_and_makes_none(host, run_drivers, recap):
     assert rc == 0, out[-3000:]
     assert recap(out, "fresh")["changed"] > 0
     assert "Would run driver/rock-6.3.30-V1.4.1a.run to install rock 6.3.30-V1.4.1a" in out
-    assert '+KERNEL=="kfd", GROUP="video", MODE="0660"' in out  # --diff shows the udev rules
+    assert '+KERNEL=="kfd", GROUP="render", MODE="0660"' in out  # --diff shows the udev rules
     _untouched(host)
 
 
