@@ -44,13 +44,17 @@ def test_cards_are_the_same_in_every_source_mode_and_follow_hy_smi(host, dcu_mod
     assert [row[1] for row in expected] != sorted(row[1] for row in expected), "PCI order is not the index"
 
 
-def test_each_instance_is_on_the_card_of_its_index(host):
+def test_each_instance_is_on_the_card_of_its_index_as_vendor_images_need(host):
     for index, (bdf, _numa) in enumerate(PROFILE["cards"]):
         env = host.file(f"/etc/dcu-serving/vllm/{index}.env").content_string
         assert f"PCI {bdf}" in env and f"/dev/dri/renderD{128 + index}" in env
-        inspect = f"sudo docker inspect --format '{{{{json .HostConfig.Devices}}}}' vllm-{index}"
-        devices = json.loads(host.check_output(inspect))
-        assert f"/dev/dri/renderD{128 + index}" in {d["PathOnHost"] for d in devices}
+        inspect = json.loads(host.check_output(f"sudo docker inspect vllm-{index}"))[0]
+        assert f"/dev/dri/renderD{128 + index}" in {d["PathOnHost"] for d in inspect["HostConfig"]["Devices"]}
+        assert "seccomp=unconfined" in inspect["HostConfig"]["SecurityOpt"]
+        # Each instance's vLLM-internal ports in a range of its own; nothing may try the hub.
+        environment = set(inspect["Config"]["Env"])
+        assert f"VLLM_PORT={20000 + 100 * index}" in environment
+        assert {"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1"} <= environment
 
 
 def test_the_service_user_opens_the_devices(host, dcu_module):

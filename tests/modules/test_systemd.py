@@ -1,0 +1,78 @@
+"""Units rendered for the oldest systemd a DCU host runs: CentOS 7.6 has 219, Kylin V10 and openEuler 20.03
+243, Ubuntu 20.04 245 (docs/field-evidence.md). An old systemd silently drops what it does not know."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from jinja2 import Environment
+
+from ansible_collections.dcu.serving.plugins.filter.systemd import SINCE, systemd_compatible
+from support import REPO
+
+
+def _directives(unit: str) -> dict:
+    out = {}
+    for line in unit.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _render_proxy_unit(version: int) -> str:
+    """roles/dcu_proxy/templates/dcu-proxy.service.j2 rendered as Ansible would, for one systemd version."""
+    env = Environment(keep_trailing_newline=True)
+    env.filters["dcu.serving.systemd_compatible"] = systemd_compatible
+    source = (REPO / "roles/dcu_proxy/templates/dcu-proxy.service.j2").read_text()
+    return env.from_string(source).render(
+        ansible_managed="managed", __dcu_proxy_config="/etc/dcu-serving/proxy.yml", dcu_proxy_user="dcu-proxy",
+        __dcu_proxy_bin="/opt/dcu-serving/venv/bin/dcu-proxy", dcu_proxy_settings={}, __dcu_proxy_log_dir="/var/log",
+        __dcu_proxy_port=8000, __dcu_proxy_systemd_version=version, __dcu_proxy_runtime="venv",
+        __dcu_proxy_container_command="")
+
+
+def test_systemd_219_gets_the_old_spellings_and_nothing_it_does_not_know():
+    unit = _render_proxy_unit(219)
+    directives = _directives(unit)
+    assert directives["Type"] == ["simple"], "Type=exec needs 240"
+    assert directives["ProtectSystem"] == ["full"], "ProtectSystem=strict needs 232"
+    assert directives["ReadWriteDirectories"] == ["/var/log"] and "ReadWritePaths" not in directives
+    assert directives["CPUShares"] == ["8192"] and "CPUWeight" not in directives, "800 of 100 is 8192 of 1024"
+    newer = {name for name, (since, _older) in SINCE.items() if "=" not in name and since > 219}
+    assert not newer & set(directives), newer & set(directives)
+    assert "SystemCallFilter" not in directives, "@system-service groups need 231"
+    assert directives["NoNewPrivileges"] == ["yes"] and directives["PrivateTmp"] == ["yes"]
+
+
+def test_a_current_systemd_keeps_the_whole_hardening():
+    directives = _directives(_render_proxy_unit(252))
+    assert directives["Type"] == ["exec"] and directives["ProtectSystem"] == ["strict"]
+    for name in ("ProtectKernelLogs", "ProtectClock", "ProtectProc", "RestrictSUIDSGID", "CPUWeight"):
+        assert name in directives, name
+    assert directives["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
+
+
+@pytest.mark.parametrize("version, present, absent", [
+    (243, ["ProtectHostname", "RestrictSUIDSGID", "NUMAPolicy"], ["ProtectKernelLogs", "ProtectClock"]),
+    (245, ["ProtectKernelLogs", "ProtectClock"], ["ProtectProc", "ProcSubset"]),
+    (254, ["RestartSteps", "RestartMaxDelaySec"], []),
+])
+def test_each_version_gets_what_it_knows(version, present, absent):
+    unit = "[Service]\n" + "".join(f"{name}=yes\n" for name in (
+        "ProtectHostname", "RestrictSUIDSGID", "NUMAPolicy", "ProtectKernelLogs", "ProtectClock", "ProtectProc",
+        "ProcSubset", "RestartSteps", "RestartMaxDelaySec"))
+    directives = _directives(systemd_compatible(unit, version))
+    assert all(name in directives for name in present) and not any(name in directives for name in absent)
+
+
+def test_the_start_limit_moves_back_to_service_before_230():
+    unit = "[Unit]\nStartLimitIntervalSec=1800\nStartLimitBurst=5\n\n[Service]\nType=simple\n"
+    old = systemd_compatible(unit, 219)
+    assert old.index("[Service]") < old.index("StartLimitInterval=1800") and "StartLimitIntervalSec" not in old
+    assert systemd_compatible(unit, 230) == unit
+
+
+def test_a_version_that_is_not_a_number_is_refused():
+    with pytest.raises(AnsibleFilterError):
+        systemd_compatible("[Service]\n", "systemd 252 (252.39-1~deb12u2)")
