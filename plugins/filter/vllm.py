@@ -3,7 +3,12 @@
 """The vLLM instances of a host, worked out from its cards (dcu_facts) and the inventory: the one list that
 dcu_vllm's units, dcu_proxy's backends, verify.yml and rolling_restart.yml derive from."""
 
+import re
+
 from ansible.errors import AnsibleFilterError
+
+# Names an environment variable may have (POSIX portable set).
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", cpulists=None, model="",
@@ -45,6 +50,18 @@ def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", 
     return instances
 
 
+def env_file_problems(env):
+    """What keeps `env` ({name: value}) from being written as a systemd EnvironmentFile, one line each."""
+    problems = []
+    for name, value in sorted((env or {}).items()):
+        if not _ENV_NAME.match(str(name)):
+            problems.append("{!r} is not an environment variable name".format(name))
+        text = str(value)
+        if any(char in text for char in "\n\r\\\"'"):
+            problems.append("{}'s value must be plain text without quotes, backslashes or line breaks".format(name))
+    return problems
+
+
 class FilterModule(object):
     def filters(self):
-        return {"vllm_instances": vllm_instances}
+        return {"vllm_instances": vllm_instances, "env_file_problems": env_file_problems}
