@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: dcu-serving contributors
-# Apache-2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Small HTTP helpers for modules that talk to dcu-proxy and vLLM on the target host.
 
 Only the standard library, so modules run with the target's bare python3.
