@@ -18,9 +18,26 @@ description:
     chat completion with an image through the proxy to prove the service answers end to end.
   - "On failure the message is a per-card diagnosis naming the unit to look at, for example
     C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
-  - Read-only; never changes anything, so it runs the same in check mode.
 version_added: "0.1.0"
-author: dcu-serving maintainers
+author:
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Read-only, so it runs the same in check mode. With O(functional_request=true) it sends its one chat
+        completion in check mode too; the proxy records it in the results log under O(orid).
+  diff_mode:
+    support: none
+requirements:
+  - dcu-proxy listening on O(url), reachable from the managed host.
+seealso:
+  - module: ansible.builtin.uri
+    description: Polls one URL; this module reads the proxy's status and names the card and unit behind a failure.
+  - module: dcu.serving.dcu_facts
+    description: The cards whose vLLM instances this module checks.
 options:
   url:
     description: Base URL of dcu-proxy.

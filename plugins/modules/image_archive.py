@@ -18,12 +18,23 @@ description:
   - Optionally verifies the tarball's SHA-256 first (against the bundle's C(index.json)), with the
     checksum cache of M(dcu.serving.bundle_artifact), so a re-run does not re-read a large tarball.
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
 attributes:
   check_mode:
     support: full
+    details: Reports what it would load; the checksum cache is not written.
   diff_mode:
     support: full
+    details: Each reference's image id before and after.
+requirements:
+  - The C(docker) or C(podman) command line on the managed host.
+seealso:
+  - module: dcu.serving.bundle_artifact
+    description: Verifies any bundle artifact against its SHA-256 with the same cache.
+  - module: community.docker.docker_image_load
+    description: Loads an archive on every run and reports C(changed) each time.
 options:
   path:
     description: The tarball on the managed host; plain or gzip-compressed.
@@ -104,7 +115,7 @@ from ansible_collections.dcu.serving.plugins.module_utils.image_archive import A
 
 def engine_image_id(module, executable, ref):
     """The engine's id for ref (sha256:...), or None when it does not have it."""
-    rc, out, _ = module.run_command([executable, "image", "inspect", "--format", "{{.Id}}", ref])
+    rc, out = module.run_command([executable, "image", "inspect", "--format", "{{.Id}}", ref])[:2]
     if rc != 0:
         return None
     image_id = out.strip()
