@@ -22,10 +22,13 @@ $(BIN)/.stamp: requirements/constraints.txt requirements/dev.txt pyproject.toml
 
 venv: $(BIN)/.stamp  ## create .venv with the pinned toolchain and dcu-serving (editable)
 
-lint: venv  ## ansible-lint (production profile), yamllint, ruff
+lint: venv  ## ansible-lint (production profile), yamllint, ruff, ansible-test sanity (offline)
 	$(BIN)/yamllint -s .
 	$(BIN)/ruff check src tests tools bench plugins molecule
 	$(BIN)/ansible-lint --profile production
+	# sanity's own pinned wheels: a no-op once build/sanity/wheels holds them (docs/publishing.md)
+	tests/sanity/run.sh wheels
+	tests/sanity/run.sh
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
 	$(BIN)/pytest -q -m "not docker"
