@@ -80,7 +80,8 @@ options:
     type: float
     default: 120
 notes:
-  - Uses only the Python standard library on the target; talks to the proxy without any HTTP proxy.
+  - Talks to the proxy and the backends directly, never through an HTTP proxy that the host's environment
+    sets (C(http_proxy), C(https_proxy)), and never with credentials from a C(~/.netrc).
 """
 
 EXAMPLES = r"""
