@@ -42,8 +42,9 @@ options:
     required: true
   sha256:
     description:
-      - Expected SHA-256 of the tarball. A different sum fails the task with file, expected and actual
-        sums, before anything is loaded.
+      - Expected SHA-256 of the tarball, 64 hex digits. A different sum fails the task with file, expected
+        and actual sums, before anything is loaded.
+      - Empty or unset skips the verification.
     type: str
   engine:
     description: Container engine to load into.
@@ -106,6 +107,7 @@ checksum:
 """
 
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -143,13 +145,17 @@ def main():
     p = module.params
     path = p["path"]
     result = dict(changed=False, loaded=[], already_loaded=[], images=[])
+    expected = (p["sha256"] or "").strip().lower()
+    if expected and not re.match(r"^[0-9a-f]{64}$", expected):
+        module.fail_json(msg="sha256 must be 64 hex digits (the image's sha256 in the bundle's index.json), got %r"
+                             % p["sha256"], **result)
     if not os.path.isfile(path):
         module.fail_json(msg="image archive %s does not exist on the host: stage the bundle first" % path, **result)
 
-    if p["sha256"]:
+    if expected:
         cache_path = default_cache_path() if p["cache"] is None else (p["cache"] or None)
         cache = ChecksumCache(cache_path, write=not module.check_mode)
-        check = verify(path, p["sha256"], cache)
+        check = verify(path, expected, cache)
         result["checksum"] = check
         for warning in cache.warnings:
             module.warn(warning)
