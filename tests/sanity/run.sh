@@ -86,13 +86,13 @@ args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
 sys.exit(main(["install", "--no-index", "--find-links", "$wheels"] + args))
 EOF
 
-# What the collection ships, plus the sanity ignore files.
+# What the collection ships, plus the sanity ignore files and tests/config.yml (modules' Python versions).
 coll=$work/ansible_collections/dcu/serving
 rm -rf "$work/ansible_collections" "$work/dist"
 mkdir -p "$coll/tests" "$work/dist"
 "$bindir/ansible-galaxy" collection build --output-path "$work/dist" "$root" >/dev/null
 tar -xzf "$work"/dist/dcu-serving-*.tar.gz -C "$coll"
-cp -r "$root/tests/sanity" "$coll/tests/"
+cp -r "$root/tests/sanity" "$root/tests/config.yml" "$coll/tests/"
 # A repository of its own: ansible-test lists files with git from the nearest .git upwards, and the
 # checkout's would list nothing under build/ (ignored). Nothing is committed; untracked files count.
 git init -q "$coll"
