@@ -33,9 +33,9 @@ at_dir=$("$python" -c 'import ansible_test, os; print(os.path.dirname(ansible_te
 core=$("$python" -c 'from ansible.release import __version__; print(__version__)')
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # ansible-test's bootstrap packages (get_venv_packages' defaults): pip, and before 2.17 setuptools and wheel.
-bootstrap=$(sed -n "/default_packages = dict(/,/)/s/^ *\([a-z]*\)='\([0-9.]*\)',.*/\1==\2/p" \
+mapfile -t bootstrap < <(sed -n "/default_packages = dict(/,/)/s/^ *\([a-z]*\)='\([0-9.]*\)',.*/\1==\2/p" \
   "$at_dir/_internal/python_requirements.py")
-pip_version=$(sed -n 's/^pip==//p' <<<"$bootstrap")
+pip_version=$(printf '%s\n' "${bootstrap[@]}" | sed -n 's/^pip==//p')
 # The requirement files of the tests that run on a collection (mypy is ansible-core's own).
 requirements=()
 for f in "$at_dir"/_data/requirements/sanity.*.txt; do
@@ -45,7 +45,7 @@ done
 fill_wheels() {
   mkdir -p "$wheels"
   local args=(download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheels"
-              $bootstrap "${requirements[@]}")
+              "${bootstrap[@]}" "${requirements[@]}")
   if "$python" -m pip "${args[@]}" --no-index --find-links "$wheels" >/dev/null 2>&1; then
     echo "sanity wheelhouse $wheels holds ansible-test $core's pins for Python $pyver"
   else
@@ -59,7 +59,8 @@ if [ "${1:-}" = wheels ]; then
   exit
 fi
 
-if ! ls "$wheels"/pip-"$pip_version"-*.whl >/dev/null 2>&1; then
+pip_wheels=("$wheels"/pip-"$pip_version"-*.whl)
+if [ ! -f "${pip_wheels[0]}" ]; then
   echo "no sanity wheelhouse for ansible-test $core at $wheels: run '$0 wheels' once where PyPI is" \
        "reachable, or copy a filled one there (DCU_SANITY_WHEELS)" >&2
   exit 2
@@ -79,7 +80,7 @@ cat >"$home/.ansible/test/cache/get_pip_${pip_version//./_}.py" <<EOF
 """Install pip $pip_version from the sanity wheelhouse (written by tests/sanity/run.sh)."""
 import sys
 
-sys.path.insert(0, "$(ls "$wheels"/pip-"$pip_version"-*.whl | head -1)")
+sys.path.insert(0, "${pip_wheels[0]}")
 from pip._internal.cli.main import main  # noqa: E402  (imported from the wheel)
 
 args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
