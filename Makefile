@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv lint changelog unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,10 +22,18 @@ $(BIN)/.stamp: requirements/constraints.txt requirements/dev.txt pyproject.toml
 
 venv: $(BIN)/.stamp  ## create .venv with the pinned toolchain and dcu-serving (editable)
 
-lint: venv  ## ansible-lint (production profile), yamllint, ruff
+lint: venv  ## ansible-lint (production profile), yamllint, ruff, ansible-test sanity (offline)
 	$(BIN)/yamllint -s .
 	$(BIN)/ruff check src tests tools bench plugins molecule
 	$(BIN)/ansible-lint --profile production
+	# sanity's own pinned wheels: a no-op once build/sanity/wheels holds them (docs/publishing.md)
+	tests/sanity/run.sh wheels
+	tests/sanity/run.sh
+
+changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from changelogs/changelog.yaml (docs/publishing.md)
+	$(BIN)/antsibull-changelog lint
+	$(BIN)/antsibull-changelog generate
+	rm -f changelogs/.plugin-cache.yaml
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
 	$(BIN)/pytest -q -m "not docker"

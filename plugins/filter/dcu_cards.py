@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Filters over dcu_facts' view of the cards: whether a host's cards match the inventory, said so that an
 operator can act on it (every card with its PCI address, bound driver and DRM nodes, and the fix)."""
 

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Filters that decide what dcu_driver does about the rock driver: is the wanted one installed, does the
 loaded module need a reboot. The version strings differ by source (plugins/module_utils/rock_version.py),
 so nothing here compares strings: an install record with the installer's SHA-256 says what was installed,

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Units that work on the oldest systemd a DCU host runs.
 
 DCU hosts run CentOS 7.6 (systemd 219), Kylin V10 and openEuler 20.03 (243), Ubuntu 20.04 (245) and newer.

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """The vLLM instances of a host, worked out from its cards (dcu_facts) and the inventory: the one list that
 dcu_vllm's units, dcu_proxy's backends, verify.yml and rolling_restart.yml derive from."""
 

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """SHA-256 of bundle artifacts with a cache keyed on (path, size, mtime).
 
 Bundle artifacts reach tens of GB (image tarballs); hashing them on every run would make a re-run

@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: dcu-serving contributors
-# Apache-2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Small HTTP helpers for modules that talk to dcu-proxy and vLLM on the target host.
 
-Only the standard library, so modules run with the target's bare python3.
+Requests go through ansible.module_utils.urls (Ansible's TLS, redirect and error handling), which
+AnsiballZ ships with the module, so the target needs only its bare python3.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -14,11 +16,9 @@ import errno
 import json
 import socket
 from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, Request, build_opener
 
-# The proxy and the backends are on the host itself: never route through an HTTP(S)_PROXY
-# from the environment.
-_OPENER = build_opener(ProxyHandler({}))
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 
 class HttpResult(object):
@@ -57,13 +57,15 @@ def request(url, method="GET", payload=None, timeout=5.0):
     if payload is not None:
         data = json.dumps(payload).encode("utf-8")
         headers["Content-Type"] = "application/json"
-    req = Request(url, data=data, headers=headers, method=method)
     try:
-        resp = _OPENER.open(req, timeout=timeout)
+        # The proxy and the backends are on the host itself: never through an HTTP(S)_PROXY from the
+        # environment, never with credentials from a ~/.netrc.
+        resp = open_url(url, data=data, headers=headers, method=method, timeout=timeout,
+                        use_proxy=False, use_netrc=False)
         status = resp.status
     except HTTPError as e:
         resp, status = e, e.code
-    except (URLError, socket.timeout, OSError) as e:
+    except (URLError, UrlsConnectionError, socket.timeout, OSError) as e:
         return HttpResult(error=describe_error(e))
     try:
         raw = resp.read()

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Read Hygon DCU cards from sysfs and from hy-smi, the way they look on real hosts.
 
 Which devices are cards is sysfs's answer. Hygon CPUs expose PCI functions with the DCU vendor id 0x1d94

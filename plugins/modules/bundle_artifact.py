@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 DOCUMENTATION = r"""
 ---
@@ -15,12 +16,22 @@ description:
   - Sums are cached by (path, size, modification time), so a re-run does not re-read multi-GB files
     that did not change. The cache is the only thing the module writes; it is not written in check mode.
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
 attributes:
   check_mode:
     support: full
+    details: Never changes the file; the checksum cache is not written in check mode.
   diff_mode:
     support: none
+requirements:
+  - Only the Python standard library on the managed host.
+seealso:
+  - module: dcu.serving.image_archive
+    description: Verifies an image tarball with the same checksum cache before loading it.
+  - module: ansible.builtin.stat
+    description: Returns a file's checksum too, but reads the whole file on every run.
 options:
   path:
     description: Path of the artifact on the managed host.

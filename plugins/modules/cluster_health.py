@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: dcu-serving contributors
-# Apache-2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import absolute_import, division, print_function
 
@@ -17,12 +18,29 @@ description:
     chat completion with an image through the proxy to prove the service answers end to end.
   - "On failure the message is a per-card diagnosis naming the unit to look at, for example
     C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
-  - Read-only; never changes anything, so it runs the same in check mode.
 version_added: "0.1.0"
-author: dcu-serving maintainers
+author:
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Read-only, so it runs the same in check mode. With O(functional_request=true) it sends its one chat
+        completion in check mode too; the proxy records it in the results log under O(orid).
+  diff_mode:
+    support: none
+requirements:
+  - dcu-proxy listening on O(url), reachable from the managed host.
+seealso:
+  - module: ansible.builtin.uri
+    description: Polls one URL; this module reads the proxy's status and names the card and unit behind a failure.
+  - module: dcu.serving.dcu_facts
+    description: The cards whose vLLM instances this module checks.
 options:
   url:
-    description: Base URL of dcu-proxy.
+    description: Base URL of dcu-proxy, C(http://) or C(https://) with a host and an optional port.
     type: str
     default: http://127.0.0.1:8000
   expected:
@@ -30,11 +48,11 @@ options:
       - How many backends must be healthy. Defaults to the number of backends the proxy knows.
     type: int
   timeout:
-    description: Seconds to keep polling before failing.
+    description: Seconds to keep polling before failing; V(0) polls once.
     type: float
     default: 300
   interval:
-    description: Seconds between polls.
+    description: Seconds between polls; more than 0.
     type: float
     default: 2
   base_port:
@@ -58,11 +76,12 @@ options:
     type: str
     default: cluster-health
   request_timeout:
-    description: Seconds the functional request may take.
+    description: Seconds the functional request may take; more than 0.
     type: float
     default: 120
 notes:
-  - Uses only the Python standard library on the target; talks to the proxy without any HTTP proxy.
+  - Talks to the proxy and the backends directly, never through an HTTP proxy that the host's environment
+    sets (C(http_proxy), C(https_proxy)), and never with credentials from a C(~/.netrc).
 """
 
 EXAMPLES = r"""
@@ -116,6 +135,7 @@ functional:
 """
 
 import time
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -202,6 +222,27 @@ def functional_request(module, url, model, orid, timeout, backends):
     return out
 
 
+def argument_problem(p):
+    """The first argument error, naming the option, or None. Checked before anything is polled."""
+    url = urlsplit(p["url"])
+    try:
+        port_ok = url.port is None or url.port > 0  # ValueError for a port that is no number in range
+    except ValueError:
+        port_ok = False
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok:
+        return ("url: %r is not an http:// or https:// URL with a host and an optional port, for example "
+                "http://127.0.0.1:8000" % p["url"])
+    if p["interval"] <= 0:
+        return "interval: %s is not a positive number of seconds between polls" % p["interval"]
+    if p["timeout"] < 0:
+        return "timeout: %s is negative; give the seconds to keep polling (0 polls once)" % p["timeout"]
+    if p["request_timeout"] <= 0:
+        return "request_timeout: %s is not a positive number of seconds" % p["request_timeout"]
+    if p["expected"] is not None and p["expected"] < 0:
+        return "expected: %s is negative; give how many backends must be healthy" % p["expected"]
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -219,6 +260,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    problem = argument_problem(p)
+    if problem:
+        module.fail_json(msg=problem)
     url = p["url"].rstrip("/")
     started = time.monotonic()
     deadline = started + p["timeout"]

@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 DOCUMENTATION = r"""
 ---
@@ -20,12 +21,20 @@ description:
   - Cards are the vendor C(0x1d94) devices the DCU driver binds (the CPUs' own C(0x1d94) functions are
     not cards), with their render nodes mapped by PCI address.
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
 attributes:
   check_mode:
     support: full
+    details: Read-only; opens and closes the nodes, as in normal mode.
   diff_mode:
     support: none
+requirements:
+  - Root on the managed host (C(become=true)) to test another user than the one the module runs as.
+seealso:
+  - module: dcu.serving.dcu_facts
+    description: The cards, their PCI addresses and render nodes this module checks.
 options:
   user:
     description:
@@ -207,9 +216,9 @@ def diagnose(node, account_name, group_names):
                    "installs /etc/udev/rules.d/70-dcu.rules: GROUP=\"render\" or \"video\", MODE=\"0660\"), " \
                    "then `udevadm control --reload-rules && udevadm trigger`".format(path, node["mode"])
         if group not in group_names:
-            return "{}: permission denied — user {} is not in group {} (owner of the node). Fix: " \
-                   "`usermod -aG {} {}`, then restart the user's services or sessions".format(
-                       path, account_name, group, group, account_name)
+            return "{path}: permission denied — user {user} is not in group {group} (owner of the node). Fix: " \
+                   "`usermod -aG {group} {user}`, then restart the user's services or sessions".format(
+                       path=path, user=account_name, group=group)
         return "{}: permission denied although user {} is in group {} — mode {} does not let the group " \
                "read and write; install the udev rule that sets MODE=\"0660\" (role dcu.serving.dcu_driver)".format(
                    path, account_name, group, node["mode"])

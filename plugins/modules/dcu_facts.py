@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 DOCUMENTATION = r"""
 ---
@@ -24,14 +25,23 @@ description:
     C(--> SN:) and C(--> OAM ID:) suffixes, MiB or byte sizes, topology lines without a colon.
   - Read-only.
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
+  - dcu.serving.attributes.facts
 attributes:
   check_mode:
     support: full
+    details: Read-only.
   diff_mode:
     support: none
   facts:
     support: full
+requirements:
+  - C(hy-smi) from hyhal for the cards' indexes, product names and VRAM; without it the cards come from sysfs.
+seealso:
+  - module: dcu.serving.dcu_device_access
+    description: Proves that a user can open the device nodes these facts list.
 options:
   sysfs_root:
     description: Where sysfs is mounted.

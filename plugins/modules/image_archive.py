@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 DOCUMENTATION = r"""
 ---
@@ -17,12 +18,23 @@ description:
   - Optionally verifies the tarball's SHA-256 first (against the bundle's C(index.json)), with the
     checksum cache of M(dcu.serving.bundle_artifact), so a re-run does not re-read a large tarball.
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
 attributes:
   check_mode:
     support: full
+    details: Reports what it would load; the checksum cache is not written.
   diff_mode:
     support: full
+    details: Each reference's image id before and after.
+requirements:
+  - The C(docker) or C(podman) command line on the managed host.
+seealso:
+  - module: dcu.serving.bundle_artifact
+    description: Verifies any bundle artifact against its SHA-256 with the same cache.
+  - module: community.docker.docker_image_load
+    description: Loads an archive on every run and reports C(changed) each time.
 options:
   path:
     description: The tarball on the managed host; plain or gzip-compressed.
@@ -30,8 +42,9 @@ options:
     required: true
   sha256:
     description:
-      - Expected SHA-256 of the tarball. A different sum fails the task with file, expected and actual
-        sums, before anything is loaded.
+      - Expected SHA-256 of the tarball, 64 hex digits. A different sum fails the task with file, expected
+        and actual sums, before anything is loaded.
+      - Empty or unset skips the verification.
     type: str
   engine:
     description: Container engine to load into.
@@ -94,6 +107,7 @@ checksum:
 """
 
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -103,7 +117,7 @@ from ansible_collections.dcu.serving.plugins.module_utils.image_archive import A
 
 def engine_image_id(module, executable, ref):
     """The engine's id for ref (sha256:...), or None when it does not have it."""
-    rc, out, _ = module.run_command([executable, "image", "inspect", "--format", "{{.Id}}", ref])
+    rc, out = module.run_command([executable, "image", "inspect", "--format", "{{.Id}}", ref])[:2]
     if rc != 0:
         return None
     image_id = out.strip()
@@ -131,13 +145,17 @@ def main():
     p = module.params
     path = p["path"]
     result = dict(changed=False, loaded=[], already_loaded=[], images=[])
+    expected = (p["sha256"] or "").strip().lower()
+    if expected and not re.match(r"^[0-9a-f]{64}$", expected):
+        module.fail_json(msg="sha256 must be 64 hex digits (the image's sha256 in the bundle's index.json), got %r"
+                             % p["sha256"], **result)
     if not os.path.isfile(path):
         module.fail_json(msg="image archive %s does not exist on the host: stage the bundle first" % path, **result)
 
-    if p["sha256"]:
+    if expected:
         cache_path = default_cache_path() if p["cache"] is None else (p["cache"] or None)
         cache = ChecksumCache(cache_path, write=not module.check_mode)
-        check = verify(path, p["sha256"], cache)
+        check = verify(path, expected, cache)
         result["checksum"] = check
         for warning in cache.warnings:
             module.warn(warning)

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,45 @@ def fake_hy_smi(tmp_path):
         script.chmod(0o755)
         return script
     return build
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Answers from the server's {path: (status, JSON or bytes)} table (404 otherwise); records each request."""
+
+    def _answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.server.seen.append({"line": self.requestline, "headers": dict(self.headers.items()),
+                                 "body": self.rfile.read(length)})
+        status, answer = self.server.answers.get(self.path, (404, {"error": "no such path"}))
+        body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Backend", "127.0.0.1:8005")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    """http_server({path: (status, JSON or bytes)}) -> a real HTTP server on 127.0.0.1 in a thread, with
+    .url and .seen (each request's line, headers and body); stopped after the test."""
+    started = []
+
+    def start(answers):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+        server.answers, server.seen = answers, []
+        server.url = f"http://127.0.0.1:{server.server_address[1]}"
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,57 @@
+"""cluster_health: argument errors name the option, before anything is polled; a real status endpoint
+(a small HTTP server in the test) is read through dcu_http, never through the environment's HTTP proxy."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import free_port
+
+CLOSED = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+# What each did before it was an argument error:
+@pytest.mark.parametrize("url", [
+    "127.0.0.1:8000",            # no scheme: polled until the timeout, then "dcu-proxy does not answer"
+    "http://127.0.0.1:99999",    # port out of range: the same, "connection refused"
+    "http://127.0.0.1:80a",      # port not a number: a Python traceback from http.client
+    "http://",                   # no host: polled until the timeout, then blamed dcu-proxy
+    "ftp://127.0.0.1:8000",      # not HTTP: polled with urllib's FTP handler
+])
+def test_malformed_url_is_an_argument_error(module_runner, url):
+    result = module_runner("cluster_health", {"url": url, "timeout": 1, "interval": 0.1})
+    assert result.get("failed"), result
+    assert result["msg"].startswith("url: "), result["msg"]
+    assert repr(url) in result["msg"] and "http://127.0.0.1:8000" in result["msg"]
+
+
+@pytest.mark.parametrize("interval", [-1, 0])
+def test_interval_that_is_not_positive_is_an_argument_error(module_runner, interval):
+    # Against a closed port the module polls, then slept: -1 was a Python traceback (ValueError), 0 a busy loop.
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 2, "interval": interval})
+    assert result.get("failed"), result
+    assert result["msg"].startswith("interval: "), result["msg"]
+    assert "positive" in result["msg"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("timeout", -1), ("request_timeout", -5), ("expected", -1)])
+def test_negative_timeouts_and_counts_are_argument_errors(module_runner, option, value):
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 0, option: value})
+    assert result.get("failed"), result
+    assert result["msg"].startswith(option + ": "), result["msg"]
+
+
+def test_polls_the_proxy_directly_although_the_environment_names_an_http_proxy(
+        module_runner, http_server, monkeypatch):
+    proxy = http_server({})  # the environment's HTTP proxy: 404 to anything
+    status = http_server({"/__lb_status": (200, {"healthy": 1, "total": 1, "backends": [
+        {"url": "http://127.0.0.1:8002", "healthy": True, "active": 0, "last_error": None}]})})
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, proxy.url)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    result = module_runner("cluster_health", {"url": status.url, "expected": 1, "timeout": 5})
+    assert not result.get("failed"), result.get("msg", result)
+    assert result["summary"] == "1/1" and result["backends"][0]["unit"] == "vllm@0"
+    assert [seen["line"] for seen in status.seen] == ["GET /__lb_status HTTP/1.1"]
+    assert proxy.seen == []
