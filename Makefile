@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint changelog unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv lint sanity-compat changelog unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,11 @@ lint: venv  ## ansible-lint (production profile), yamllint, ruff, ansible-test s
 	# sanity's own pinned wheels: a no-op once build/sanity/wheels holds them (docs/publishing.md)
 	tests/sanity/run.sh wheels
 	tests/sanity/run.sh
+
+sanity-compat:  ## ansible-test sanity of the oldest ansible-core claimed (make compat converges with it in CI)
+	tools/compat-check --venv-only
+	ANSIBLE_TEST=$(CURDIR)/.venv-compat/bin/ansible-test tests/sanity/run.sh wheels
+	ANSIBLE_TEST=$(CURDIR)/.venv-compat/bin/ansible-test tests/sanity/run.sh
 
 changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from changelogs/changelog.yaml (docs/publishing.md)
 	$(BIN)/antsibull-changelog lint

@@ -44,7 +44,7 @@ def run(command, prompts, timeout, prompt_idle, transcript):
     started = last_output = time.monotonic()
     error = noted = None
     while True:
-        ready, _, _ = select.select([master], [], [], 0.5)
+        ready = select.select([master], [], [], 0.5)[0]
         now = time.monotonic()
         if ready:
             try:
@@ -88,7 +88,7 @@ def run(command, prompts, timeout, prompt_idle, transcript):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--spec", required=True, help="JSON: prompts, expect, log, timeout, prompt_idle")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
