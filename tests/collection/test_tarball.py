@@ -15,6 +15,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -32,6 +33,7 @@ from support import REPO, make_bundle
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="staging writes root-owned files (owner: root)")
 
 CHUNK = 1024 * 1024  # dcu_bundle_stage_chunk_mib: 1
+CACHE = "/var/cache/dcu-serving/sha256-cache.json"  # bundle_artifact's, for root (as staging runs)
 BIG = "images/vllm-sim.tar"
 
 
@@ -155,9 +157,13 @@ def staged(fresh):
     check = playbook(fresh, "stage", inv, "--check")
     after_check = staged_files(stage) if stage.exists() else set()
     first = playbook(fresh, "stage", inv)
+    cache = json.loads(Path(CACHE).read_text()) if Path(CACHE).exists() else {}
+    cached_after_first = {a["file"]: cache.get(os.path.realpath(stage / a["file"]), {}).get("sha256")
+                          for a in artifacts}
     again = playbook(fresh, "stage", inv)
     return {"bundle": bundle, "stage": stage, "inv": inv, "artifacts": artifacts, "check": check,
-            "after_check": after_check, "first": first, "again": again}
+            "after_check": after_check, "first": first, "again": again,
+            "cached_after_first": cached_after_first}
 
 
 def test_stage_needs_nothing_but_the_collection(staged):
@@ -173,6 +179,8 @@ def test_stage_needs_nothing_but_the_collection(staged):
     for n in (1, 2, 3):  # the large file went in three chunks
         assert f"changed: [stagehost] => (item={BIG} chunk {n})" in staged["first"].stdout
     assert not Path(f"{bundle}.parts").exists(), "the controller's chunks are removed"
+    # each copy was verified on arrival, which cached its sum: the next run reads none of them again
+    assert staged["cached_after_first"] == {a["file"]: a["sha256"] for a in staged["artifacts"]}
     assert recap(staged["again"].stdout)["changed"] == 0  # idempotent: nothing travels again
 
 
