@@ -122,7 +122,7 @@ def fresh(tmp_path_factory):
         pass
 
     f = Fresh()
-    f.root, f.run, f.venv = root, run, venv
+    f.root, f.run, f.venv, f.env = root, run, venv, env
     return f
 
 
@@ -234,3 +234,23 @@ def test_bundle_without_the_package_says_what_to_install(fresh, tmp_path):
     for unrelated in ("from_json", "JSONDecodeError", "Expecting value", "make bundle"):
         assert unrelated not in out
     assert not (tmp_path / "bundle").exists()
+
+
+def test_bundle_fails_with_the_builders_own_exit_code_and_message(fresh, tmp_path):
+    # A stand-in builder that fails as dcu-bundle does on a bad source; the play shows its words and code.
+    stub = tmp_path / "stub" / "dcu_serving" / "bundle"
+    stub.mkdir(parents=True)
+    for name in ("../__init__.py", "__init__.py", "cli.py"):
+        (stub / name).write_text("")
+    (stub / "__main__.py").write_text(
+        "import sys\nprint('dcu-bundle: rock: source has sha256 00ff, the manifest pins 1234', file=sys.stderr)\n"
+        "sys.exit(1)\n")
+    inv = inventory(fresh, "build-fails", dcu_bundle_dir=str(tmp_path / "bundle"), dcu_bundle_manifest={"files": []})
+    proc = subprocess.run(["ansible-playbook", "dcu.serving.bundle", "-i", str(inv)], cwd=fresh.root,
+                          env=dict(fresh.env, PYTHONPATH=str(tmp_path / "stub")), capture_output=True, text=True,
+                          timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "source has sha256 00ff, the manifest pins 1234" in out and re.search(r'"rc": 1\b', out), out
+    for unrelated in ("from_json", "JSONDecodeError", "Expecting value"):
+        assert unrelated not in out
