@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -193,3 +194,19 @@ def make_proxy(tmp_path: Path, backends: list[str], **settings) -> Proxy:
     proxy.admin_port = admin_port
     proxy.backends = list(backends)
     return proxy
+
+
+def make_bundle(bundle: Path, files: dict[str, bytes], kind: str = "driver") -> list[dict]:
+    """A small format-1 bundle: each {relative file: bytes} as an artifact, index.json and SHA256SUMS as
+    dcu-bundle writes them. Returns the artifacts."""
+    from dcu_serving.bundle.index import Artifact, write_index
+
+    artifacts = []
+    for rel, data in files.items():
+        path = bundle / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        artifacts.append(Artifact(name=Path(rel).name.split("-")[0], kind=kind, version="1.0", file=rel,
+                                  sha256=hashlib.sha256(data).hexdigest(), size=len(data), source="tests"))
+    write_index(bundle, artifacts)
+    return [a.to_json() for a in artifacts]

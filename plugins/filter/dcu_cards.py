@@ -40,7 +40,8 @@ def dcu_card_problem(facts, expected=0, wanted=None, variable="the inventory"):
                "(lsmod | grep -E 'hycu|hydcu'; hy-smi --loaddriver) and its messages (dmesg | grep -iE 'hycu|hydcu'); "
                "a card that stays unbound is faulty or needs its vbios updated")
     elif not cards:
-        fix = "install and load the driver first (playbooks/drivers.yml), then check /opt/hyhal/bin/hy-smi"
+        fix = ("install and load the driver first (ansible-playbook dcu.serving.drivers -i <inventory>), "
+               "then check /opt/hyhal/bin/hy-smi")
     else:
         fix = "if the host really has {} cards, set {} to match; otherwise look for the missing card in " \
               "`lspci -d 1d94:` and the BMC".format(len(cards), variable)

@@ -63,6 +63,57 @@ def env_file_problems(env):
     return problems
 
 
+def vllm_device_nodes(stat_lines):
+    """The device nodes that exist, from `stat --format='%n %g %G' NODE...`: {path: {gid, group}}.
+
+    stat prints a line for each node it finds and only an error (on stderr) for a missing one, so a node
+    absent from the result is missing on the host.
+    """
+    nodes = {}
+    for line in stat_lines or []:
+        fields = line.split()
+        if len(fields) < 3:
+            raise AnsibleFilterError("vllm_device_nodes: expected 'path gid group', got {!r}".format(line))
+        nodes[fields[0]] = {"gid": int(fields[1]), "group": fields[2]}
+    return nodes
+
+
+def vllm_run_options(instances, nodes, env=(), device_isolation="card", numa_pinning=False, container_options=()):
+    """Each instance's `docker run` options: {card: [option, ...]}.
+
+    instances: vllm_instances; nodes: vllm_device_nodes. Every container gets /dev/kfd (and /dev/mkfd where
+    the host has it), the device nodes' groups by gid except root's (the image's user is not in the host's
+    groups by name), and the names of its environment (env: a mapping or names; VLLM_PORT always), sorted
+    without regard to case. device_isolation `card` passes only the instance's card and render node;
+    `visible_devices` passes /dev/dri and HIP_VISIBLE_DEVICES. numa_pinning pins an instance to its NUMA
+    node's CPUs and memory when its CPU list is known. container_options come last.
+    """
+    if device_isolation not in ("card", "visible_devices"):
+        raise AnsibleFilterError("vllm_run_options: device_isolation must be card or visible_devices, got {!r}".format(
+            device_isolation))
+    gids = sorted({node["gid"] for node in nodes.values() if node["gid"] != 0})
+    names = sorted(["VLLM_PORT", *env], key=lambda name: name.lower())
+    shared = (["--device=/dev/kfd"] + (["--device=/dev/mkfd"] if "/dev/mkfd" in nodes else [])
+              + ["--group-add={}".format(gid) for gid in gids]
+              + ["--env={}".format(name) for name in names])
+    options = {}
+    for instance in instances:
+        if device_isolation == "card":
+            devices = ["--device={}".format(instance["card_node"]), "--device={}".format(instance["render_node"])]
+        else:
+            devices = ["--device=/dev/dri", "--env=HIP_VISIBLE_DEVICES"]
+        numa = []
+        if numa_pinning and instance.get("cpus"):
+            numa = ["--cpuset-cpus={}".format(instance["cpus"]), "--cpuset-mems={}".format(instance["numa_node"])]
+        options[instance["card"]] = devices + shared + numa + list(container_options or [])
+    return options
+
+
 class FilterModule(object):
     def filters(self):
-        return {"vllm_instances": vllm_instances, "env_file_problems": env_file_problems}
+        return {
+            "vllm_instances": vllm_instances,
+            "vllm_device_nodes": vllm_device_nodes,
+            "vllm_run_options": vllm_run_options,
+            "env_file_problems": env_file_problems,
+        }

@@ -1,11 +1,93 @@
-"""The instances a host runs and the settings its env files may hold (plugins/filter/vllm.py)."""
+"""dcu_vllm's preflight: the device nodes a host has and each instance's `docker run` options, as the env
+files carry them (DCU_VLLM_RUN_OPTIONS) — worked out by filter plugins, not Jinja loops."""
 
 from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.vllm import env_file_problems, vllm_instances
+from ansible_collections.dcu.serving.plugins.filter.vllm import (
+    env_file_problems,
+    vllm_device_nodes,
+    vllm_instances,
+    vllm_run_options,
+)
+
+# `stat --format='%n %g %G' /dev/kfd /dev/mkfd <card nodes> <render nodes>` on a host set up by dcu_driver
+# (render for kfd and renderD, video for card); /dev/dri/card2 is missing, so stat printed nothing for it.
+STAT = [
+    "/dev/kfd 992 render",
+    "/dev/mkfd 992 render",
+    "/dev/dri/card1 44 video",
+    "/dev/dri/renderD128 992 render",
+    "/dev/dri/renderD129 992 render",
+]
+NODES = vllm_device_nodes(STAT)
+INSTANCES = [
+    {"card": 0, "card_node": "/dev/dri/card1", "render_node": "/dev/dri/renderD128", "numa_node": 0, "cpus": "0-31"},
+    {"card": 1, "card_node": "/dev/dri/card2", "render_node": "/dev/dri/renderD129", "numa_node": 1, "cpus": ""},
+]
+# dcu_vllm_offline_env's names and an inventory's own, in the order the inventory gives them.
+ENV = ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "do_not_track", "VLLM_NO_USAGE_STATS"]
+
+
+def test_device_nodes_from_stat():
+    assert NODES == {
+        "/dev/kfd": {"gid": 992, "group": "render"},
+        "/dev/mkfd": {"gid": 992, "group": "render"},
+        "/dev/dri/card1": {"gid": 44, "group": "video"},
+        "/dev/dri/renderD128": {"gid": 992, "group": "render"},
+        "/dev/dri/renderD129": {"gid": 992, "group": "render"},
+    }
+    assert "/dev/dri/card2" not in NODES  # preflight names it as missing
+    assert vllm_device_nodes([]) == {}
+
+
+def test_device_nodes_refuse_a_line_they_cannot_read():
+    with pytest.raises(AnsibleFilterError, match="expected 'path gid group'"):
+        vllm_device_nodes(["/dev/kfd 992"])
+
+
+def test_each_card_gets_its_own_nodes_and_the_shared_ones():
+    options = vllm_run_options(INSTANCES, NODES, ENV)
+    assert options == {
+        0: ["--device=/dev/dri/card1", "--device=/dev/dri/renderD128",
+            "--device=/dev/kfd", "--device=/dev/mkfd", "--group-add=44", "--group-add=992",
+            # sorted without regard to case, as Jinja's sort did
+            "--env=do_not_track", "--env=HF_HUB_OFFLINE", "--env=TRANSFORMERS_OFFLINE",
+            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT"],
+        1: ["--device=/dev/dri/card2", "--device=/dev/dri/renderD129",
+            "--device=/dev/kfd", "--device=/dev/mkfd", "--group-add=44", "--group-add=992",
+            "--env=do_not_track", "--env=HF_HUB_OFFLINE", "--env=TRANSFORMERS_OFFLINE",
+            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT"],
+    }
+
+
+def test_root_owned_nodes_add_no_group_and_mkfd_only_where_it_exists():
+    nodes = vllm_device_nodes(["/dev/kfd 0 root", "/dev/dri/card1 0 root", "/dev/dri/renderD128 0 root"])
+    assert vllm_run_options(INSTANCES[:1], nodes, {}) == {
+        0: ["--device=/dev/dri/card1", "--device=/dev/dri/renderD128", "--device=/dev/kfd", "--env=VLLM_PORT"],
+    }
+
+
+def test_visible_devices_passes_all_of_dri():
+    options = vllm_run_options(INSTANCES, NODES, [], device_isolation="visible_devices")
+    assert options[1][:3] == ["--device=/dev/dri", "--env=HIP_VISIBLE_DEVICES", "--device=/dev/kfd"]
+    assert "--device=/dev/dri/card2" not in options[1]
+
+
+def test_numa_pinning_only_where_the_cpus_are_known_and_extra_options_last():
+    options = vllm_run_options(INSTANCES, NODES, [], numa_pinning=True, container_options=["--shm-size=16g"])
+    assert options[0][-3:] == ["--cpuset-cpus=0-31", "--cpuset-mems=0", "--shm-size=16g"]
+    assert options[1][-1] == "--shm-size=16g" and not any(o.startswith("--cpuset") for o in options[1])
+    unpinned = vllm_run_options(INSTANCES, NODES, [], numa_pinning=False)
+    assert not any(o.startswith("--cpuset") for o in unpinned[0])
+
+
+def test_an_unknown_isolation_is_refused():
+    with pytest.raises(AnsibleFilterError, match="device_isolation"):
+        vllm_run_options(INSTANCES, NODES, [], device_isolation="none")
+
 
 CARDS = [{"index": i, "pci_bus": f"0000:{b}:00.0", "card_node": f"/dev/dri/card{i}",
           "render_node": f"/dev/dri/renderD{128 + i}", "numa_node": 0 if i < 4 else 1}

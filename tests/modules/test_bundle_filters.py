@@ -1,0 +1,94 @@
+"""Role dcu_bundle's staging, worked out by filter plugins: where each artifact is and whether it is ready,
+the directories it needs, the chunks a large file travels in, what a staged copy holds that the bundle
+no longer lists."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dcu.serving.plugins.filter.bundle import (
+    bundle_chunks,
+    bundle_stage_dirs,
+    bundle_staged,
+    bundle_unlisted,
+)
+
+STAGE = "/var/lib/dcu-serving/bundle"
+RUN = {"file": "driver/rock-6.3.30-V1.4.1a.run", "sha256": "a" * 64, "size": 10611}
+IMAGE = {"file": "images/vllm-sim.tar", "sha256": "b" * 64, "size": 190513152}
+WHEEL = {"file": "wheels/pyyaml-6.0.4.whl", "sha256": "c" * 64, "size": 828016}
+
+
+def checks(*pairs):
+    """bundle_artifact's loop results: [(artifact, verified)] -> results."""
+    return [{"item": a, "verified": v, "status": "verified" if v else "missing", "changed": False} for a, v in pairs]
+
+
+def test_staged_paths_and_readiness():
+    results = checks((RUN, True), (IMAGE, False))
+    assert bundle_staged(results, STAGE) == [
+        {"artifact": RUN, "path": STAGE + "/driver/rock-6.3.30-V1.4.1a.run", "ready": True},
+        {"artifact": IMAGE, "path": STAGE + "/images/vllm-sim.tar", "ready": True},  # copied by now
+    ]
+    # in check mode nothing was copied: a file the host lacked is not there to use
+    assert [s["ready"] for s in bundle_staged(results, STAGE, check_mode=True)] == [True, False]
+    assert bundle_staged([], STAGE) == []
+
+
+def test_stage_dirs_the_directory_first_each_once():
+    assert bundle_stage_dirs([RUN, IMAGE, dict(IMAGE, file="images/other.tar")], STAGE + "/") == [
+        STAGE, STAGE + "/driver", STAGE + "/images"]
+    assert bundle_stage_dirs([], STAGE) == [STAGE]
+    assert bundle_stage_dirs([{"file": "top.bin"}], STAGE) == [STAGE]
+
+
+@pytest.mark.parametrize("size, chunk, names", [
+    (1, 1048576, ["00000"]),
+    (1048576, 1048576, ["00000"]),
+    (1048577, 1048576, ["00000", "00001"]),
+    (190513152, 64 * 1048576, ["00000", "00001", "00002"]),
+])
+def test_chunk_names(size, chunk, names):
+    assert bundle_chunks(size, chunk) == names
+
+
+def test_chunk_names_are_the_ones_split_makes(tmp_path):
+    data = tmp_path / "file"
+    data.write_bytes(b"x" * 2500)
+    (tmp_path / "parts").mkdir()
+    subprocess.run(["split", "--bytes=1000", "--numeric-suffixes", "--suffix-length=5", str(data),
+                    str(tmp_path / "parts") + "/"], check=True)
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == bundle_chunks(2500, 1000)
+
+
+def test_chunking_refuses_nonsense():
+    with pytest.raises(AnsibleFilterError, match="positive"):
+        bundle_chunks(10, 0)
+    with pytest.raises(AnsibleFilterError, match="raise the chunk size"):
+        bundle_chunks(20 * 2**30, 1024)
+
+
+def test_unlisted_files_go_and_chunks_of_listed_artifacts_stay():
+    present = [
+        STAGE + "/index.json", STAGE + "/SHA256SUMS",
+        STAGE + "/driver/rock-6.3.30-V1.4.1a.run",
+        STAGE + "/driver/rock-6.3.27-V1.2.5.run",  # the previous driver, no longer in the bundle
+        STAGE + "/images/.hidden",
+        STAGE + "/.parts/" + "b" * 64 + "/00000",  # an interrupted transfer of a listed image: resumes
+        STAGE + "/.parts/" + "d" * 64 + "/00000",  # chunks of an image the bundle dropped
+        STAGE + "/.parts/" + "d" * 64 + "/00001",
+    ]
+    assert bundle_unlisted(present, STAGE + "/", [RUN, IMAGE, WHEEL]) == [
+        STAGE + "/.parts/" + "d" * 64,
+        STAGE + "/driver/rock-6.3.27-V1.2.5.run",
+        STAGE + "/images/.hidden",
+    ]
+    assert bundle_unlisted([], STAGE, [RUN]) == []
+
+
+def test_unlisted_refuses_a_path_outside_the_stage_dir():
+    with pytest.raises(AnsibleFilterError, match="not under"):
+        bundle_unlisted(["/etc/passwd"], STAGE, [RUN])
