@@ -113,10 +113,10 @@ def _base_key(base):
 
 
 def _build_key(build):
-    """'1.4.1a' -> ((1, ''), (4, ''), (1, 'a'), (1,)); a pre-release (1.5.3.beta) orders before its release.
+    """'1.4.1a' -> (((1, ''), (4, ''), (1, 'a')), 1); a pre-release (1.5.3.beta) orders before its release.
 
-    Each numeric part compares as a number (V01.9.2 is 1.9.2), its letter after the bare number; a missing
-    part counts as 0 (1.5 == 1.5.0). The last element is 0 for alpha/beta/rc and 1 for a release.
+    Each numeric part compares as a number (V01.9.2 is 1.9.2), its letter after the bare number; trailing
+    zero parts do not count (1.5 == 1.5.0 < 1.5.0a). The second element is 0 for alpha/beta/rc, 1 for a release.
     """
     parts = build.split(".")
     release = 1
@@ -128,8 +128,7 @@ def _build_key(build):
         key.append((int(match.group(1)), match.group(2)) if match else (0, part))
     while key and key[-1] == (0, ""):
         key.pop()
-    key.append((release,))
-    return tuple(key)
+    return tuple(key), release
 
 
 def compare(a, b):

@@ -145,6 +145,8 @@ def test_card_problem_names_each_card_and_the_unbound_ones():
     ("6.3.30-V1.4.1", "6.3.30-V1.4.1a", -1),
     ("rock-5.2.0-5.16.18-V01.9.2.run", "5.16.18-V1.9.2", 0),  # V01.9.2 is build 1.9.2
     ("6.2.26-V1.5", "6.2.26-V1.5.0", 0),
+    ("6.2.26-V1.5", "6.2.26-V1.5.0a", -1),
+    ("6.2.26-V1.5", "6.2.26-V1.5.1", -1),
     ("6.3.30", "6.3.30-V1.4.1a", 0),  # hy-smi's short spelling can be any build of its base
     ("rock-5.7.1-6.2.26-V1.5.aio.run", "6.3.3-V1.8.0", -1),  # the aio name's DTK prefix is not the driver
     ("10.0.0", "9.9.9", 1),  # numbers, not text
