@@ -113,9 +113,27 @@ def config_numbers(config):
     quantization = config.get("quantization_config") or sub.get("quantization_config")
     info["quantization_config"] = quantization if isinstance(quantization, dict) else None
     info["quantization"] = (quantization.get("quant_method") if isinstance(quantization, dict) else None) or None
+    info["max_model_len_limit"] = _derived_max_len(info["max_position_embeddings"],
+                                                   sub.get("rope_scaling") or config.get("rope_scaling"))
     info["missing"] = [field for field in ("num_hidden_layers", "num_attention_heads", "hidden_size", "torch_dtype",
                                            "max_position_embeddings") if info[field] is None]
     return info
+
+
+def _derived_max_len(max_position_embeddings, rope_scaling):
+    """The longest max_model_len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN: max_position_embeddings,
+    times the RoPE scaling factor where vLLM applies it (yarn from original_max_position_embeddings; not for
+    su/longrope/llama3/mrope/default, which already state their length)."""
+    if not max_position_embeddings or not isinstance(rope_scaling, dict):
+        return max_position_embeddings
+    kind = rope_scaling.get("rope_type") or rope_scaling.get("type")
+    factor = rope_scaling.get("factor")
+    if kind in (None, "su", "longrope", "llama3", "mrope", "default") or not isinstance(factor, (int, float)):
+        return max_position_embeddings
+    base = max_position_embeddings
+    if kind == "yarn" and rope_scaling.get("original_max_position_embeddings"):
+        base = int(rope_scaling["original_max_position_embeddings"])
+    return int(base * factor)
 
 
 def _index_names(path, fmt):

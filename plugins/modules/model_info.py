@@ -124,6 +124,13 @@ max_position_embeddings:
   returned: always
   type: int
   sample: 32768
+max_model_len_limit:
+  description:
+    - The longest C(--max-model-len) vLLM accepts for the model - RV(max_position_embeddings), times the RoPE
+      scaling factor where vLLM applies it (C(yarn) from C(original_max_position_embeddings)).
+  returned: always
+  type: int
+  sample: 131072
 kv_lora_rank:
   description: MLA models (DeepSeek V2/V3) only; their KV cache is one latent per layer.
   returned: always
