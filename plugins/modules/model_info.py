@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 ---
 module: model_info
 short_description: What a model directory says about the model's size in VRAM
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Reads C(config.json) in a model directory on the managed host and returns the numbers a VRAM budget and
     the tensor parallel check need - layers, attention heads, KV heads, head size, hidden size, dtype, context
