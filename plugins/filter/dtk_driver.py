@@ -19,18 +19,29 @@ def _mismatch(what, version, entry, driver):
                 what, dtk_driver.describe(entry), driver, version, entry["shipped"], _other_dtks(driver)))
 
 
-def dtk_driver_check(image_dtk, host_driver_version, host_dtk_version=None, image="", strict=False):
+def dtk_driver_check(image_dtk, host_driver_version, host_dtk_version=None, image="", strict=False, runtime=None):
     """'' when the image's DTK (and the host's own DTK, when given) go with the host's driver; else why, and the fix.
 
     image_dtk: the DTK the image carries: a version (26.04), or text naming it (the image reference
     ...vllm:0.11.0-ubuntu22.04-dtk26.04-py3.10, or its label); host_driver_version: dcu_facts' driver version
     (6.3.30-V1.4.1a, 6.2.35, ...); host_dtk_version: dcu_facts' DTK version; image: the image's name for the
-    message (default: image_dtk). Only a provable mismatch is refused; with strict, a DTK the table does not
-    list, an unknown driver or an undecidable compare is refused too.
+    message (default: image_dtk); runtime: the service's runtime - `host` mounts the host's DTK over the
+    image's, so the image must have been built on the same DTK. Only a provable mismatch is refused; with
+    strict, a DTK the table does not list, an unknown driver or an undecidable compare is refused too.
     """
     image = image or str(image_dtk or "")
     problems = []
     unknown = []
+    if runtime == "host":
+        built, mounted = dtk_driver.dtk_version(image_dtk), dtk_driver.dtk_version(host_dtk_version)
+        if not mounted:
+            problems.append("image {}: runtime host mounts the host's DTK, but the host has none (dcu_facts' "
+                            "dtk.version is empty). Fix: install the DTK with playbooks/drivers.yml, or set the "
+                            "service's runtime to bundled if the image carries its own.".format(image))
+        elif built and built != mounted:
+            problems.append("image {} was built on DTK {}, but runtime host mounts the host's DTK {} over it. Fix: "
+                            "use an image built on DTK {}, or set the service's runtime to bundled (the image's own "
+                            "DTK, nothing of the host's mounted).".format(image, built, mounted, mounted))
     driver = str(host_driver_version).strip() if host_driver_version else ""
     checks = [("image {} (DTK {})".format(image, dtk_driver.dtk_version(image_dtk) or "?"), image_dtk, True)]
     if host_dtk_version:

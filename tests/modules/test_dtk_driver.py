@@ -120,3 +120,13 @@ def test_the_row_as_data_for_docs_and_messages():
     assert entry["requirement"] == ">=6.3.6-V1.9.0c" and "sourcefind" in entry["source"]
     assert "2026" in entry["snapshot"]
     assert dtk_driver_row("99.99") == {}
+
+
+def test_runtime_host_mounts_the_hosts_dtk_over_the_images():
+    assert dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", "26.04", runtime="host") == ""
+    assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="host") == (
+        f"image {IMAGE_25041} was built on DTK 25.04.1, but runtime host mounts the host's DTK 26.04 over it. Fix: "
+        "use an image built on DTK 26.04, or set the service's runtime to bundled (the image's own DTK, nothing of "
+        "the host's mounted).")
+    assert "the host has none" in dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", None, runtime="host")
+    assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="bundled") == ""
