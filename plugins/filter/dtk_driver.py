@@ -44,7 +44,7 @@ def dtk_driver_check(image_dtk, host_driver_version, host_dtk_version=None, imag
                             "DTK, nothing of the host's mounted).".format(image, built, mounted, mounted))
     driver = str(host_driver_version).strip() if host_driver_version else ""
     checks = [("image {} (DTK {})".format(image, dtk_driver.dtk_version(image_dtk) or "?"), image_dtk, True)]
-    if host_dtk_version:
+    if host_dtk_version and dtk_driver.dtk_version(host_dtk_version) != dtk_driver.dtk_version(image_dtk):
         checks.append(("the host's DTK {}".format(dtk_driver.dtk_version(host_dtk_version) or host_dtk_version),
                        host_dtk_version, False))
     for what, dtk, is_image in checks:

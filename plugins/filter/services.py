@@ -283,6 +283,8 @@ def _expand(services, cards, defaults):
             continue
         label = _label(service)
         name = service.get("name")
+        if isinstance(name, str) and name in names:
+            label = "{} (#{})".format(label, position + 1)  # the second of two with one name
         if name == "":
             if len(services) > 1:
                 problems.append("the default service (name '') is today's one-model layout and cannot be mixed "
@@ -295,7 +297,7 @@ def _expand(services, cards, defaults):
             names.setdefault(name, 0)
             names[name] += 1
             if names[name] == 2:
-                problems.append("{}: two services have this name: rename one".format(label))
+                problems.append("{}: another service has this name: rename one".format(label))
         spec = _service_spec(service, defaults, label, problems)
         indexes = _cards_of(service, label, problems)
         for index in indexes:
