@@ -445,10 +445,6 @@ def vllm_services(services, cards, defaults=None):
     return instances
 
 
-def _gib(value):
-    return value / float(1 << 30)
-
-
 class FilterModule(object):
     def filters(self):
         return {
