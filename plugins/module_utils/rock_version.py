@@ -99,3 +99,55 @@ def major_minor(version):
 
 def _parsed(version):
     return version if isinstance(version, dict) or version is None else parse(version)
+
+
+# A build's parts: 1.4.1a -> (1, ''), (4, ''), (1, 'a'); 1.5.3.beta -> ..., then a pre-release marker.
+_BUILD_PART = re.compile(r"^(\d+)([a-z]*)$")
+_PRE_RELEASE = ("alpha", "beta", "rc")
+
+
+def _base_key(base):
+    """'6.2.17a' -> (6, 2, 17, 'a'): the letter orders after the bare number (6.2.17 < 6.2.17a < 6.2.18)."""
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)([a-z]?)$", base)
+    return int(match.group(1)), int(match.group(2)), int(match.group(3)), match.group(4)
+
+
+def _build_key(build):
+    """'1.4.1a' -> (((1, ''), (4, ''), (1, 'a')), 1); a pre-release (1.5.3.beta) orders before its release.
+
+    Each numeric part compares as a number (V01.9.2 is 1.9.2), its letter after the bare number; trailing
+    zero parts do not count (1.5 == 1.5.0 < 1.5.0a). The second element is 0 for alpha/beta/rc, 1 for a release.
+    """
+    parts = build.split(".")
+    release = 1
+    if parts and parts[-1].rstrip("0123456789") in _PRE_RELEASE:
+        parts, release = parts[:-1], 0
+    key = []
+    for part in parts:
+        match = _BUILD_PART.match(part)
+        key.append((int(match.group(1)), match.group(2)) if match else (0, part))
+    while key and key[-1] == (0, ""):
+        key.pop()
+    return tuple(key), release
+
+
+def compare(a, b):
+    """Order two driver versions (parsed or text): -1 when a is older, 0 when they can be the same, 1 when newer.
+
+    The driver base decides first (major, minor, patch as numbers, then the letter: 6.2.17 < 6.2.17a < 6.2.18);
+    equal bases are ordered by their builds (1.1.0a < 1.1.2 < 1.5 < 1.5.3.beta < 1.5.3) when both carry one.
+    A version without a build compares equal to any build of its base, as same() says: hy-smi's 6.3.30 may
+    be 6.3.30-V1.4.1a. None when either is not a driver version.
+
+    Builds are only compared within one base: Hygon restarted the V-numbering with the 6.3.16 driver
+    (6.3.6-V1.9.0c, then 6.3.16-V1.1.0a), so a build says nothing across bases.
+    """
+    a, b = _parsed(a), _parsed(b)
+    if a is None or b is None:
+        return None
+    key_a, key_b = _base_key(a["base"]), _base_key(b["base"])
+    if key_a == key_b:
+        if a["build"] is None or b["build"] is None:
+            return 0
+        key_a, key_b = _build_key(a["build"]), _build_key(b["build"])
+    return (key_a > key_b) - (key_a < key_b)

@@ -132,3 +132,28 @@ def test_card_problem_names_each_card_and_the_unbound_ones():
     assert "62 other vendor 0x1d94 PCI functions" in message and "Fix:" in message
     assert dcu_cards.dcu_card_problem(facts, 1) == ""
     assert "names card 3" in dcu_cards.dcu_card_problem(facts, 0, [0, 3], variable="dcu_vllm_cards")
+
+
+@pytest.mark.parametrize("a, b, order", [
+    ("6.3.30-V1.4.1a", "6.3.16-V1.1.0a", 1),  # the base decides, whatever the builds (V-numbering restarted)
+    ("6.3.6-V1.9.0c", "6.3.16-V1.1.0a", -1),
+    ("6.2.17", "6.2.17a", -1),  # the letter orders after the bare number
+    ("6.2.17a", "6.2.18", -1),
+    ("6.3.27-V1.2.5", "6.3.27-V1.2.6", -1),
+    ("6.3.31-V1.5.3.beta", "6.3.31-V1.5.3", -1),  # a pre-release before its release
+    ("6.3.31-V1.5.3.beta", "6.3.31-V1.5.0a", 1),
+    ("6.3.30-V1.4.1", "6.3.30-V1.4.1a", -1),
+    ("rock-5.2.0-5.16.18-V01.9.2.run", "5.16.18-V1.9.2", 0),  # V01.9.2 is build 1.9.2
+    ("6.2.26-V1.5", "6.2.26-V1.5.0", 0),
+    ("6.2.26-V1.5", "6.2.26-V1.5.0a", -1),
+    ("6.2.26-V1.5", "6.2.26-V1.5.1", -1),
+    ("6.3.30", "6.3.30-V1.4.1a", 0),  # hy-smi's short spelling can be any build of its base
+    ("rock-5.7.1-6.2.26-V1.5.aio.run", "6.3.3-V1.8.0", -1),  # the aio name's DTK prefix is not the driver
+    ("10.0.0", "9.9.9", 1),  # numbers, not text
+    (None, "6.3.30", None),
+    ("latest", "6.3.30", None),
+])
+def test_compare_orders_driver_versions(a, b, order):
+    assert rock_version.compare(a, b) == order
+    if order is not None:
+        assert rock_version.compare(b, a) == -order
