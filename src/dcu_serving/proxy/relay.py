@@ -27,11 +27,13 @@ from .metrics import Metrics
 from .responses import SELF, error_response, request_id
 from .results import ResultsLog
 from .routing import APIS, Api
+from .uploads import FormScanner, boundary_of
 from .upstream import ConnectFailed, ConnectionBroken, DeadlineExceeded
 
 log = logging.getLogger("dcu_proxy")
 
 API_PATHS = tuple(APIS)
+ORID_HEADER = "X-Orid"  # where an upload's orid may come from, when its form has no `user` field
 
 # Request headers not forwarded: hop-by-hop ones, those the proxy writes itself, and Content-Encoding (aiohttp
 # has decoded the body).
@@ -79,7 +81,10 @@ class Relay:
                "error": None}
         try:
             try:
-                response = await self._forward(request, api, rid, rec, t0)
+                if api.upload:
+                    response = await self._forward_upload(request, api, rid, rec, t0)
+                else:
+                    response = await self._forward(request, api, rid, rec, t0)
             except ProxyError as e:
                 rec["status"] = e.status
                 rec["error"] = e.message
@@ -194,6 +199,143 @@ class Relay:
             finally:
                 group.release(backend, served=sent)
 
+    async def _forward_upload(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
+        """A multipart/form-data upload (a transcription): read until its `model` is known, then send what was
+        read and pass the rest on as it arrives, so an audio file is not held whole in the proxy.
+
+        The orid is the form's `user` field, if it comes before the file, else the X-Orid header. A card
+        that could not be reached is ejected and the request goes once more to another: nothing had left the
+        proxy. Once the first bytes are sent the upload is never sent again.
+        """
+        s = self.settings
+        boundary = boundary_of(request.headers.get("Content-Type", ""))
+        limit = s.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _too_large(limit)
+        deadline = t0 + s.request_timeout
+        content = request.content
+        await _continue(request)
+        prefix = bytearray()
+        scanner = FormScanner(boundary)
+        ended = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not scanner.done:
+                    chunk = await content.readany()
+                    if not chunk:
+                        ended = True
+                        scanner.finish()
+                        break
+                    prefix += chunk
+                    if len(prefix) > limit:
+                        raise _too_large(limit)
+                    scanner.feed(prefix)
+            ended = ended or content.is_eof()
+        except web.RequestPayloadError as e:
+            raise _unreadable(e) from None
+        except TimeoutError:
+            raise _body_timeout(s.request_timeout) from None
+        fields = scanner.fields
+        user = fields.get("user")
+        if user is None:
+            user = request.headers.get(ORID_HEADER)
+        rec["orid"] = user
+        model = fields.get("model")
+        rec["model"] = model
+        group = api.routes.get(model) if model is not None else None
+        if group is None:
+            group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
+        call = contract.Call(bytes(prefix), model, user, None, False)
+        if ended:  # the whole form is here (a short clip): sent like any request, retried like one
+            return await self._send(request, group, call, rec, rid, t0, deadline)
+
+        # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
+        chunked = length is None or "Content-Encoding" in request.headers
+        headers = self._headers(request, rid)
+        if chunked:
+            headers += b"Transfer-Encoding: chunked\r\n"
+            first = b"%x\r\n%s\r\n" % (len(prefix), prefix)
+        else:
+            first = call.body
+        path = request.raw_path.encode()
+        balancer = self.balancer
+        loop = self.loop
+        first_failure = None
+        while True:
+            try:
+                front = first_failure is not None
+                backend = group.take(front) or await group.wait(deadline, front)
+            except DeadlineExceeded:
+                raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
+                                      f"request waited in the proxy's queue). Retry later.") from None
+            if rec["queue_ms"] is None:
+                rec["queue_ms"] = _ms(loop.time() - t0)
+            rec["attempts"] += 1
+            rec["backend"] = backend.name
+            sent = False
+            try:
+                pool = backend.pool
+                try:
+                    conn = await pool.open(pool.build_head(b"POST", path, headers, None if chunked else length),
+                                           first, deadline)
+                except ConnectFailed as e:
+                    balancer.eject(backend, str(e))
+                    if first_failure is None:  # never reached the backend: once more, elsewhere
+                        first_failure = str(e)
+                        self.metrics.retries += 1
+                        continue
+                    raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
+                                          f"ejected; safe to retry.") from None
+                sent = True
+                log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
+                          rid, backend.name, len(prefix))
+                try:
+                    conn.body_pending = True
+                    await self._pump(content, conn, len(prefix), limit, chunked, deadline)
+                    await conn.response()
+                except BaseException:
+                    conn.abort()
+                    raise
+                return await self._answer(request, conn, backend, call, rec, rid, t0)
+            except ConnectionBroken as e:
+                sent = True
+                balancer.eject(backend, str(e))
+                raise ProxyError(502, f"The backend {backend.name} failed before the answer was complete "
+                                      f"({e}); it is ejected. Safe to retry.") from None
+            except DeadlineExceeded:
+                sent = True
+                raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
+                                      f"deadline.") from None
+            finally:
+                group.release(backend, served=sent)
+
+    async def _pump(self, content, conn, count: int, limit: int, chunked: bool, deadline: float):
+        """The rest of the caller's body to the backend, as it arrives, at the pace the backend reads it."""
+        reading = False  # waiting for the caller (a 408 if the deadline passes then), not for the backend
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not conn.answered:  # a backend that answered early has read all it wants
+                    reading = True
+                    chunk = await content.readany()
+                    reading = False
+                    if not chunk:
+                        if chunked:
+                            conn.write(b"0\r\n\r\n")
+                        conn.body_pending = False
+                        return
+                    count += len(chunk)
+                    if count > limit:
+                        raise _too_large(limit)
+                    conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await conn.drain()
+        except web.RequestPayloadError as e:
+            raise _unreadable(e) from None
+        except TimeoutError:
+            if reading:
+                raise _body_timeout(self.settings.request_timeout) from None
+            raise DeadlineExceeded() from None
+
     async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float) -> bytes:
         length = request.content_length
         if length is not None and length > limit:
@@ -220,7 +362,7 @@ class Relay:
         status = conn.status
         headers = _response_headers(conn.headers, backend, rid)
         stream = call.stream
-        if stream is None:  # an API whose request does not say: the answer does
+        if stream is None:  # an API whose request does not say: the answer does (a transcription stream)
             stream = rec["stream"] = headers.get("Content-Type", "").startswith("text/event-stream")
         if not (stream and status == 200):
             try:

@@ -54,6 +54,7 @@ APIS: dict[str, Api] = {
     "/v2/rerank": RERANK,
     "/v1/score": SCORE,
     "/score": SCORE,
+    "/v1/audio/transcriptions": TRANSCRIPTIONS,
 }
 
 
