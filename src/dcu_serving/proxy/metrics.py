@@ -57,7 +57,7 @@ class Metrics:
 
     def observe(self, api: str, model: str | None, status: int, latency: float, ttft: float | None,
                 queue_wait: float | None):
-        if model is not None and model not in self._proxy.balancer.by_model:
+        if status != 200 and model is not None and model not in self._proxy.balancer.by_model:
             model = None  # a name no backend serves: not a label value (callers could make up any number)
         key = (api, model, status)
         by_status = self.by_status

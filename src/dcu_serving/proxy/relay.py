@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 
 from . import contract, routing
 from .answers import answer_fields, scan_events
-from .balancer import Backend, Balancer, Group
+from .balancer import Backend, Balancer
 from .config import Config
 from .errors import ProxyError, sse_error
 from .metrics import Metrics
@@ -119,44 +119,48 @@ class Relay:
             self.metrics.observe(api.name, rec["model"], rec["status"], latency,
                                  None if ttft is None else ttft / 1000, None if queue_ms is None else queue_ms / 1000)
 
-    async def _forward(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
-        """Read the JSON request, find its model's pool, check the contract (chat and completions), send it."""
+    async def _forward(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float,
+                       read: tuple | None = None):
+        """Read the JSON request, find its model's pool, check the contract (chat and completions), then take a
+        slot in the pool and send it; a card that could not be reached is ejected and the request goes once
+        more to another. Nothing is retried once a card may have started work.
+
+        `read`: (call, pool, deadline) of a request read already (a whole upload): it is only sent. One
+        coroutine does it all, as this is every request's path (bench/proxy_instructions.py).
+        """
         s = self.settings
-        if request.content_type != "application/json":
-            raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
-                                  f"send the request body as JSON.")
-        deadline = t0 + s.request_timeout
-        body = await self._read_body(request, s.max_body_bytes, deadline)
-        payload = contract.parse(body)
-        user = payload.get("user")
-        rec["orid"] = None if user is None else str(user)
-        model = payload.get("model")
-        if model.__class__ is str:
-            rec["model"] = model
-            group = api.routes.get(model)
+        if read is not None:
+            call, group, deadline = read
         else:
-            group = None
-        if group is None:
-            group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
-        if api.chat:
-            rec["stream"] = payload.get("stream") is True
-            call = contract.check(body, payload, s.contract)
-        else:  # embeddings, rerank, score: passed on as they came
-            call = contract.Call(body, model, user, None, False)
-        return await self._send(request, group, call, rec, rid, t0, deadline)
+            if request.content_type != "application/json":
+                raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
+                                      f"send the request body as JSON.")
+            deadline = t0 + s.request_timeout
+            content = request.content
+            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+                body = content.read_nowait()
+                if len(body) > s.max_body_bytes:
+                    raise _too_large(s.max_body_bytes)
+            else:
+                body = await self._read_body(request, s.max_body_bytes, deadline)
+            payload = contract.parse(body)
+            user = payload.get("user")
+            rec["orid"] = None if user is None else str(user)
+            model = payload.get("model")
+            if model.__class__ is str:
+                rec["model"] = model
+                group = api.routes.get(model)
+            else:
+                group = None
+            if group is None:
+                group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
+            if api.chat:
+                rec["stream"] = payload.get("stream") is True
+                call = contract.check(body, payload, s.contract)
+            else:  # embeddings, rerank, score: passed on as they came
+                call = contract.Call(body, model, user, None, False)
 
-    def _headers(self, request: web.BaseRequest, rid: str) -> bytes:
-        """The caller's headers to forward, and the request id."""
-        headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
-                           if name.lower() not in _DROP_REQUEST)
-        return headers + b"X-Request-Id: %s\r\n" % rid.encode()  # the caller's, or the one made for it
-
-    async def _send(self, request: web.BaseRequest, group: Group, call, rec: dict, rid: str, t0: float,
-                    deadline: float):
-        """Take a slot in the pool and send the request; a card that could not be reached is ejected and the
-        request goes once more to another. Nothing is retried once a card may have started work."""
-        s = self.settings
-        headers = self._headers(request, rid)
+        headers = _forwarded_headers(request, rid)
         path = request.raw_path.encode()
         balancer = self.balancer
         loop = self.loop
@@ -248,11 +252,11 @@ class Relay:
             group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
         call = contract.Call(bytes(prefix), model, user, None, False)
         if ended:  # the whole form is here (a short clip): sent like any request, retried like one
-            return await self._send(request, group, call, rec, rid, t0, deadline)
+            return await self._forward(request, api, rid, rec, t0, (call, group, deadline))
 
         # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
         chunked = length is None or "Content-Encoding" in request.headers
-        headers = self._headers(request, rid)
+        headers = _forwarded_headers(request, rid)
         if chunked:
             headers += b"Transfer-Encoding: chunked\r\n"
             first = b"%x\r\n%s\r\n" % (len(prefix), prefix)
@@ -342,7 +346,7 @@ class Relay:
             raise _too_large(limit)
         content = request.content
         try:
-            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+            if content.is_eof():
                 return content.read_nowait()
             await _continue(request)
             body = bytearray()  # count as it comes: a chunked upload declares no length
@@ -437,6 +441,13 @@ class Relay:
         else:
             rec["status"] = 499
             rec["error"] = "the client closed the connection"
+
+
+def _forwarded_headers(request: web.BaseRequest, rid: str) -> bytes:
+    """The caller's headers to forward, and the request id (the caller's, or the one made for it)."""
+    headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
+                       if name.lower() not in _DROP_REQUEST)
+    return headers + b"X-Request-Id: %s\r\n" % rid.encode()
 
 
 def _response_headers(raw, backend: Backend, rid: str) -> CIMultiDict:
