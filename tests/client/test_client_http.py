@@ -87,7 +87,7 @@ def test_bad_request_is_not_retried(service, photo):
     client = Client(service.url, model="minicpm-v-4.5", retry=Retry(attempts=3, backoff_s=0.01))
     with pytest.raises(BadRequestError) as caught:
         client.recognize(photo, orid="wrong-model")
-    assert caught.value.status == 400 and SERVED_MODEL in caught.value.message
+    assert caught.value.status == 404 and SERVED_MODEL in caught.value.message  # vLLM's NotFoundError
     assert caught.value.request_id
     assert len(service.settled_results("wrong-model")) == 1
 

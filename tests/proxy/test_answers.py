@@ -141,3 +141,39 @@ def test_the_text_of_an_answer_is_not_mistaken_for_its_fields():
 ])
 def test_has_value_tells_null_from_a_value(text, found):
     assert has_value(text, b'"usage":') is found
+
+
+# -- the pooling and speech APIs, and errors that quote the request --
+
+def test_pooling_answers_count_their_prompt_tokens():
+    embeddings = {"object": "list", "data": [{"index": 0, "object": "embedding", "embedding": [0.1]}],
+                  "usage": {"prompt_tokens": 7, "total_tokens": 7, "completion_tokens": 0}}
+    assert note(json.dumps(embeddings).encode()) == {"finish_reason": None, "prompt_tokens": 7,
+                                                     "completion_tokens": 0, "error": None}
+    rerank = {"id": "rerank-1", "model": "r", "usage": {"total_tokens": 31}, "results": []}  # no prompt_tokens
+    assert note(json.dumps(rerank).encode())["prompt_tokens"] == 31
+    assert note(b'{"text": "Hello there."}') == dict.fromkeys(ANSWER_FIELDS)  # a transcription: text only
+
+
+def test_an_api_the_model_does_not_serve_is_a_200_with_an_error_and_recorded_as_one():
+    # vLLM 0.11 returns its ErrorResponse without a status: HTTP 200 (vllm-project/vllm#21704).
+    body = {"error": {"message": "The model does not support Embeddings API", "type": "BadRequestError",
+                      "param": None, "code": 400}}
+    assert note(json.dumps(body).encode())["error"] == "The model does not support Embeddings API"
+
+
+def test_a_validation_error_is_recorded_without_the_values_it_quotes():
+    secret = "CONFIDENTIAL contract text"
+    errors = [{"type": "string_type", "loc": ("body", "EmbeddingCompletionRequest", "user"),
+               "msg": "Input should be a valid string", "input": 123},
+              {"type": "missing", "loc": ("body", "EmbeddingChatRequest", "messages"), "msg": "Field required",
+               "input": {"input": [secret], "user": 123}}]
+    message = "2 validation errors:\n" + "".join(f"  {e}\n" for e in errors)  # FastAPI's str(), as vLLM sends it
+    body = {"error": {"message": message, "type": "Bad Request", "param": "body.user", "code": 400}}
+    recorded = note(json.dumps(body).encode(), 400)["error"]
+    assert recorded == ("2 validation errors: body.EmbeddingCompletionRequest.user: Input should be a valid "
+                        "string; body.EmbeddingChatRequest.messages: Field required")
+    odd = "1 validation error:\n  {'type': 'value_error', 'loc': ('body', 'input'), 'msg': 'Value error, bad', " \
+          f"'input': '{secret}', 'ctx': {{'error': ValueError('bad')}}}}\n"  # not a literal: read by pattern
+    assert error_message({"error": {"message": odd}}) == "1 validation error: body.input: Value error, bad"
+    assert secret not in error_message({"error": {"message": "1 validation error:\n  garbage " + secret}})

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from dcu_serving.proxy.balancer import Balancer
+from dcu_serving.proxy.config import BackendSpec
 from dcu_serving.proxy.errors import ProxyError
 from dcu_serving.proxy.upstream import DeadlineExceeded
 
@@ -131,3 +132,79 @@ async def test_a_retried_request_goes_ahead_of_the_queue_even_a_full_one():
     balancer.release(b)
     assert await queued is b
 
+
+
+# -- pools: backends grouped by the models they serve, each with its own queue --
+
+def pooled_balancer(cap: int = 1, queue_size: int = 1) -> Balancer:
+    specs = [BackendSpec(URLS[0], ("chat-a",), "chat"), BackendSpec(URLS[1], ("chat-a",), "chat"),
+             BackendSpec(URLS[2], ("bge-m3", "embed"), "embedding")]
+    balancer = Balancer(specs, cap, queue_size, connect_timeout=1)
+    for b in balancer.backends:
+        balancer.admit(b)
+    return balancer
+
+
+async def test_each_model_takes_slots_from_its_own_pool():
+    balancer = pooled_balancer(cap=5)
+    chat, embed = balancer.by_model["chat-a"], balancer.by_model["embed"]
+    assert balancer.by_model["bge-m3"] is embed and [b.url for b in embed.backends] == [URLS[2]]
+    assert {chat.take().url for _ in range(10)} == set(URLS[:2])
+    assert {embed.take().url for _ in range(5)} == {URLS[2]}
+    with pytest.raises(ValueError):
+        balancer.take()  # several pools: a slot is taken from a model's pool, not from the balancer
+
+
+async def test_a_full_pool_does_not_hold_up_another_model():
+    balancer = pooled_balancer(cap=1, queue_size=1)
+    chat, embed = balancer.by_model["chat-a"], balancer.by_model["embed"]
+    held = [chat.take(), chat.take()]
+    assert chat.take() is None
+    queued = asyncio.ensure_future(chat.wait(later(5)))
+    await asyncio.sleep(0)
+    with pytest.raises(ProxyError) as full:
+        await chat.wait(later(5))
+    assert full.value.status == 503 and "`chat-a`" in full.value.message
+    got = embed.take()  # the embeddings pool is idle: no queue, no 503
+    assert got.url == URLS[2] and (chat.queued, embed.queued, balancer.queued) == (1, 0, 1)
+    embed.release(got)
+    chat.release(held[0])
+    assert (await queued) is held[0]
+
+
+async def test_a_failed_pool_fails_its_own_waiters_only():
+    balancer = pooled_balancer(cap=1, queue_size=5)
+    chat, embed = balancer.by_model["chat-a"], balancer.by_model["embed"]
+    embed_slot = embed.take()
+    embed_waiter = asyncio.ensure_future(embed.wait(later(5)))
+    chat_slots = [chat.take(), chat.take()]
+    chat_waiter = asyncio.ensure_future(chat.wait(later(5)))
+    await asyncio.sleep(0)
+    balancer.eject(balancer.backends[2], "connection refused")
+    with pytest.raises(ProxyError) as e:
+        await embed_waiter
+    assert e.value.status == 503 and "no healthy backend for `bge-m3`, `embed`" in e.value.message
+    with pytest.raises(ProxyError):
+        embed.take()
+    assert not chat_waiter.done()
+    chat.release(chat_slots[0])
+    assert await chat_waiter is chat_slots[0]
+    embed.release(embed_slot)
+    assert embed_slot.active == 0
+
+
+async def test_reload_moves_backends_between_pools_and_drops_pools_no_longer_served():
+    balancer = pooled_balancer(cap=1, queue_size=5)
+    chat, embed = balancer.by_model["chat-a"], balancer.by_model["embed"]
+    busy = embed.take()
+    waiter = asyncio.ensure_future(embed.wait(later(5)))
+    await asyncio.sleep(0)
+    balancer.update([BackendSpec(URLS[0], ("chat-a",), "chat"), BackendSpec(URLS[1], ("chat-a",), "chat"),
+                     BackendSpec(URLS[2], ("chat-a",), "chat")], 1, 5, 1, 1)
+    assert balancer.by_model == {"chat-a": chat} and len(chat.backends) == 3  # the same pool, one more card
+    with pytest.raises(ProxyError) as e:
+        await waiter
+    assert e.value.status == 503 and "no longer served" in e.value.message
+    assert busy.group is chat and busy.active == 1
+    embed.release(busy)  # the slot taken before the reload comes back to the card, now in the chat pool
+    assert busy.active == 0 and chat.take() is not None

@@ -100,3 +100,74 @@ def test_check_validates_without_serving(tmp_path):
     assert "2 backends" in done.stdout
     done = _run("--check", "--backend", "http://127.0.0.1:8002", "--model", "m", "--listen", "nowhere")
     assert done.returncode == 2 and "listen:" in done.stderr
+
+
+# -- the form where each backend names its models and kind (a host carved into model services) --
+
+SERVICES = {"backends": [
+    {"url": "http://127.0.0.1:8002", "models": ["Qwen3-32B"], "kind": "chat", "max_model_len": 32768},
+    {"urls": ["http://127.0.0.1:8004", "http://127.0.0.1:8005"], "models": ["MiniCPM-V-4.5"], "kind": "vision"},
+    {"url": "http://127.0.0.1:8008", "models": ["bge-m3", "embed"], "kind": "embedding", "concurrency": 64},
+    {"url": "http://127.0.0.1:8009", "models": ["bge-reranker-v2-m3"], "kind": "rerank"},
+]}
+
+
+def test_the_plain_form_is_one_pool_of_every_backend_serving_every_model():
+    c = cfg.build({**BASE, "models": ["MiniCPM-V-4.5", "minicpm"]})
+    assert c.backends == tuple(BASE["backends"]) and c.models == ("MiniCPM-V-4.5", "minicpm")
+    assert c.specs == tuple(cfg.BackendSpec(url, ("MiniCPM-V-4.5", "minicpm")) for url in BASE["backends"])
+    assert {spec.kind for spec in c.specs} == {"chat"}
+
+
+def test_each_backend_names_its_models_and_kind():
+    c = cfg.build(SERVICES)
+    assert c.backends == ("http://127.0.0.1:8002", "http://127.0.0.1:8004", "http://127.0.0.1:8005",
+                          "http://127.0.0.1:8008", "http://127.0.0.1:8009")
+    assert c.models == ("Qwen3-32B", "MiniCPM-V-4.5", "bge-m3", "embed", "bge-reranker-v2-m3")
+    assert c.specs[0] == cfg.BackendSpec("http://127.0.0.1:8002", ("Qwen3-32B",), "chat", None, 32768)
+    assert c.specs[1].models == c.specs[2].models == ("MiniCPM-V-4.5",)  # `urls`: one entry, several instances
+    assert (c.specs[3].kind, c.specs[3].concurrency) == ("embedding", 64)
+    # What the dcu_proxy role renders: one entry per instance, the same shape whatever the kind.
+    rendered = {"backends": [{"url": f"http://127.0.0.1:{8002 + i}", "models": ["MiniCPM-V-4.5"], "kind": "vision"}
+                             for i in range(8)]}
+    assert cfg.build(rendered).models == ("MiniCPM-V-4.5",)
+
+
+def _entry(i: int, **changes) -> dict:
+    return {**SERVICES["backends"][i], **changes}
+
+
+@pytest.mark.parametrize(("backends", "key", "reason"), [
+    ([_entry(0), _entry(3, models=["Qwen3-32B"])], "backends[1].kind",
+     "`Qwen3-32B` is served as rerank here and as chat by backends[0]"),
+    ([_entry(0), _entry(3, url="http://127.0.0.1:8002")], "backends[1].url",
+     "http://127.0.0.1:8002 is listed twice (also backends[0].url)"),
+    ([_entry(1), _entry(0, url="http://127.0.0.1:8005/")], "backends[1].url",
+     "listed twice (also backends[0].urls[1])"),
+    ([_entry(1, urls=["http://127.0.0.1:8004", "http://127.0.0.1:8004"])], "backends[0].urls[1]", "listed twice"),
+    ([_entry(0), "http://127.0.0.1:8003"], "backends[1]", "is not a backend mapping"),
+    ([_entry(0), {"url": "http://127.0.0.1:8003", "kind": "chat"}], "backends[1].models", "is required"),
+    ([{"url": "http://127.0.0.1:8003", "models": ["m"]}], "backends[0].kind", "is required: one of chat, vision"),
+    ([{"models": ["m"], "kind": "chat"}], "backends[0].url", "is required"),
+    ([_entry(0, urls=["http://127.0.0.1:8003"])], "backends[0]", "both `url` and `urls`"),
+    ([_entry(0, kind="embed")], "backends[0].kind", "one of chat, vision, embedding, rerank, transcription"),
+    ([_entry(0, cards=[0, 1])], "backends[0].cards", "unknown key"),
+    ([_entry(0, models=[])], "backends[0].models", "non-empty list"),
+    ([_entry(2), _entry(3, models=["bge-m3"], kind="embedding")], "backends[1].models",
+     "`bge-m3` is also served by backends[0], with the models ['bge-m3', 'embed']"),
+    ([_entry(0), _entry(0, url="http://127.0.0.1:8003", max_model_len=8192)], "backends[1].max_model_len",
+     "max_model_len 8192 here and 32768 in backends[0]"),
+    ([_entry(0, url="https://127.0.0.1:8002")], "backends[0].url", "http:// URL"),
+    ([_entry(0, concurrency=0)], "backends[0].concurrency", "between 1 and 1024"),
+])
+def test_a_bad_backend_entry_names_the_key_and_the_fix(backends, key, reason):
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.build({"backends": backends})
+    assert e.value.key == key
+    assert reason in str(e.value)
+
+
+def test_top_level_models_belong_to_the_plain_form_only():
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.build({**SERVICES, "models": ["Qwen3-32B"]})
+    assert e.value.key == "models" and "remove the top-level `models`" in str(e.value)

@@ -7,6 +7,9 @@ also drop the usage event vLLM sends when the proxy asked for it and the caller 
 
 from __future__ import annotations
 
+import ast
+import re
+
 from . import fastjson
 
 
@@ -27,11 +30,43 @@ def has_value(text: bytes, key: bytes) -> bool:
 
 
 def error_message(answer: dict):
-    """The message of an error answer: vLLM's envelope, or the bare `message`/`error` others send."""
+    """The message of an error answer: vLLM's envelope, or the bare `message`/`error` others send; without
+    the request's own values when it quotes them (see `without_inputs`)."""
     error = answer.get("error")
     if isinstance(error, dict):
-        return error.get("message")
-    return answer.get("message") or (error if isinstance(error, str) else None)
+        message = error.get("message")
+    else:
+        message = answer.get("message") or (error if isinstance(error, str) else None)
+    if isinstance(message, str) and _VALIDATION.match(message):
+        return without_inputs(message)
+    return message
+
+
+_VALIDATION = re.compile(r"\d+ validation errors?:?\n")
+_LOC_MSG = re.compile(r"'loc': \(([^)]*)\), 'msg': '([^']*)'")
+
+
+def without_inputs(message: str) -> str:
+    """A validation error without the values it quotes.
+
+    vLLM (FastAPI) answers a request that fails validation with `str(RequestValidationError)`: a line per
+    error, each the repr of pydantic's error dict, whose `input` is the offending value — for a union of
+    request types (embeddings: a text or a chat form) the whole request, prompts and documents included. The
+    results log keeps where and why (`body.user: Input should be a valid string`), never the input.
+    """
+    head, _, rest = message.partition("\n")
+    parts = []
+    for line in rest.splitlines():
+        try:
+            error = ast.literal_eval(line.strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):  # e.g. an exception object in `ctx`
+            found = _LOC_MSG.search(line)
+            error = {"loc": [p.strip(" '\"") for p in found[1].split(",") if p.strip()], "msg": found[2]} \
+                if found else None
+        if isinstance(error, dict):
+            loc = ".".join(str(part) for part in error.get("loc", ()))
+            parts.append(f"{loc}: {error.get('msg', '')}" if loc else str(error.get("msg", "")))
+    return f"{head} {'; '.join(parts)}" if parts else head
 
 
 def usage_fields(usage) -> dict:
@@ -66,7 +101,12 @@ def answer_fields(body: bytes, status: int) -> tuple:
         finish_reason = choices[0].get("finish_reason")
     usage = answer.get("usage")
     if isinstance(usage, dict):
-        return finish_reason, usage.get("prompt_tokens"), usage.get("completion_tokens"), None
+        prompt_tokens = usage.get("prompt_tokens")
+        if prompt_tokens is None:  # rerank counts only total_tokens: every one a prompt token
+            prompt_tokens = usage.get("total_tokens")
+        return finish_reason, prompt_tokens, usage.get("completion_tokens"), None
+    if "error" in answer:  # vLLM answers an API its model does not serve with a 200 and its error (vllm#21704)
+        return finish_reason, None, None, error_message(answer)
     return finish_reason, None, None, None
 
 

@@ -1,10 +1,12 @@
-"""Least-active routing over healthy backends, the proxy's own FIFO queue, health checks and ejection.
+"""Least-active routing over healthy backends, the proxy's own FIFO queues, health checks and ejection.
 
-A request takes a slot before it is sent (`take`, or `wait` in the queue when none is free) and gives it
-back (`release`) in a `finally`, so a count can neither leak nor go negative, cancellation included. When
-every slot is busy the request waits here, in one FIFO shared by all cards, and the first slot freed
-anywhere goes to the first waiter: a request queued inside one vLLM could not move to a card that frees up
-sooner, one queued here can.
+Backends are grouped into pools by the models they serve (`Group`; the default layout is one pool of every
+card). A request takes a slot from its model's pool before it is sent (`take`, or `wait` in that pool's queue
+when none is free) and gives it back (`release`) in a `finally`, so a count can neither leak nor go negative,
+cancellation included. When every slot of a pool is busy the request waits here, in the pool's FIFO, and the
+first slot freed on any of the pool's backends goes to its first waiter: a request queued inside one vLLM
+could not move to a card that frees up sooner, one queued here can. Pools do not share queues, so a full or
+failed pool holds up no other model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import deque
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from .config import BackendSpec
 from .errors import ProxyError
 from .upstream import DeadlineExceeded, Pool, UpstreamError
 
@@ -25,14 +28,16 @@ log = logging.getLogger("dcu_proxy")
 
 
 class Backend:
-    """One vLLM instance (one card) and what the proxy knows about it."""
+    """One vLLM instance (one card, or several under tensor parallelism) and what the proxy knows about it."""
 
-    __slots__ = ("active", "cap", "draining", "failures", "healthy", "last_check", "last_error", "name",
-                 "pool", "removed", "served", "url")
+    __slots__ = ("active", "cap", "draining", "failures", "group", "healthy", "last_check", "last_error", "name",
+                 "pool", "removed", "served", "spec", "url")
 
-    def __init__(self, url: str, cap: int, connect_timeout: float):
-        parts = urlsplit(url)
-        self.url = url
+    def __init__(self, spec: BackendSpec, cap: int, connect_timeout: float):
+        parts = urlsplit(spec.url)
+        self.url = spec.url
+        self.spec = spec
+        self.group: Group | None = None  # the model pool it serves in (set by the Balancer)
         self.pool = Pool(parts.hostname, parts.port, connect_timeout)
         self.name = self.pool.name  # host:port, the X-Backend value
         self.cap = cap
@@ -50,7 +55,7 @@ class Backend:
                       if self.last_check is not None else None)
         return {"url": self.url, "healthy": self.healthy, "active": self.active, "cap": self.cap,
                 "served": self.served, "failures": self.failures, "last_error": self.last_error,
-                "last_check": last_check}
+                "last_check": last_check, "models": list(self.spec.models), "kind": self.spec.kind}
 
 
 def no_backend(retry_after: int, why: str = "no healthy backend") -> ProxyError:
@@ -58,25 +63,33 @@ def no_backend(retry_after: int, why: str = "no healthy backend") -> ProxyError:
                       headers={"Retry-After": str(retry_after)})
 
 
-class Balancer:
-    def __init__(self, urls, cap: int, queue_size: int, connect_timeout: float, retry_after: int = 1):
+class Group:
+    """The backends that serve one list of models (a pool): least-active routing among them and their own FIFO
+    queue, so a pool that is full or down holds up no other model's requests."""
+
+    __slots__ = ("_routable", "_waiters", "backends", "kind", "loop", "max_model_len", "models", "queue_size",
+                 "retry_after", "shared")
+
+    def __init__(self, models: tuple, kind: str, queue_size: int, retry_after: int, shared: bool):
         self.loop = asyncio.get_running_loop()
-        self.backends: list[Backend] = [Backend(u, cap, connect_timeout) for u in urls]
+        self.models = models
+        self.kind = kind
+        self.max_model_len: int | None = None
         self.queue_size = queue_size
         self.retry_after = retry_after
+        self.shared = shared  # the only pool: messages need not name its models
+        self.backends: list[Backend] = []
         self._routable: list[Backend] = []
         self._waiters: deque = deque()
-        self.on_change = None  # called with (backend) when health or drain state changes
-
-    # -- routing --
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
-    @property
-    def healthy_count(self) -> int:
-        return sum(1 for b in self.backends if b.healthy)
+    def _unavailable(self, why: str) -> ProxyError:
+        if not self.shared:
+            why = f"{why} for {', '.join(f'`{m}`' for m in self.models)}"
+        return no_backend(self.retry_after, why)
 
     def _pick(self) -> Backend | None:
         """The routable backend with the fewest active requests and a free slot; ties at random."""
@@ -100,10 +113,10 @@ class Balancer:
 
         A plain function, so a request that finds a slot free (most do) runs no coroutine for it. `front`
         is for a retried request: it has waited its turn already, so waiters do not hold it back.
-        Raises ProxyError 503 when no backend is routable.
+        Raises ProxyError 503 when no backend of the pool is routable.
         """
         if not self._routable:
-            raise no_backend(self.retry_after)
+            raise self._unavailable("no healthy backend")
         if front or not self._waiters:
             b = self._pick()
             if b is not None:
@@ -112,13 +125,14 @@ class Balancer:
         return None
 
     async def wait(self, deadline: float, front: bool = False) -> Backend:
-        """Queue for the next free slot (after `take` found none) until `deadline` (loop time).
+        """Queue for the pool's next free slot (after `take` found none) until `deadline` (loop time).
 
         `front` puts a retried request ahead of the queue, even a full one. Raises ProxyError 503 (queue
         full, or no routable backend left) or DeadlineExceeded.
         """
         if len(self._waiters) >= self.queue_size and not front:
-            raise ProxyError(503, f"Service busy: all slots are in use and the proxy's queue is full "
+            whose = "" if self.shared else f" of {', '.join(f'`{m}`' for m in self.models)}"
+            raise ProxyError(503, f"Service busy: all slots{whose} are in use and the proxy's queue is full "
                                   f"({self.queue_size} waiting). Retry after a moment.",
                              headers={"Retry-After": str(self.retry_after)})
         waiter = self.loop.create_future()
@@ -140,12 +154,14 @@ class Balancer:
                     self._waiters.remove(waiter)
 
     def release(self, backend: Backend, served: bool = True):
+        """Give back a slot taken from this pool (or from the pool the backend was in before a reload)."""
         if backend.active > 0:
             backend.active -= 1
         if served:
             backend.served += 1
-        if self._waiters:
-            self._dispatch()
+        group = backend.group
+        if group is not None and group._waiters:
+            group._dispatch()
 
     def _dispatch(self):
         waiters = self._waiters
@@ -164,12 +180,68 @@ class Balancer:
         if not self._routable:
             why = "no healthy backend" if not any(b.healthy for b in self.backends) else \
                 "every healthy backend is draining"
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_exception(no_backend(self.retry_after, why))
+            self._fail_waiters(self._unavailable(why))
         else:
             self._dispatch()
+
+    def _fail_waiters(self, error: ProxyError):
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    def status(self) -> dict:
+        return {"kind": self.kind, "healthy": sum(1 for b in self.backends if b.healthy),
+                "total": len(self.backends), "active": sum(b.active for b in self.backends),
+                "queue": len(self._waiters), "backends": [b.url for b in self.backends]}
+
+
+def _spec(item) -> BackendSpec:
+    """A BackendSpec, or a bare URL (one pool of every backend: what the balancer's own tests build)."""
+    return BackendSpec(item, ()) if isinstance(item, str) else item
+
+
+class Balancer:
+    """Every backend, grouped into pools by the models they serve, with health checks, ejection and drain.
+
+    `by_model` maps each served model name to its pool; a request takes a slot from its model's pool.
+    """
+
+    def __init__(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int = 1):
+        self.loop = asyncio.get_running_loop()
+        self.backends: list[Backend] = []
+        self.groups: list[Group] = []
+        self.by_model: dict[str, Group] = {}
+        self.queue_size = queue_size
+        self.retry_after = retry_after
+        self.on_change = None  # called with (backend) when health or drain state changes
+        self.update(specs, cap, queue_size, connect_timeout, retry_after)
+
+    # -- routing (the pools do it; these serve the single-pool case and the totals) --
+
+    @property
+    def queued(self) -> int:
+        return sum(len(g._waiters) for g in self.groups)
+
+    @property
+    def healthy_count(self) -> int:
+        return sum(1 for b in self.backends if b.healthy)
+
+    def take(self, front: bool = False) -> Backend | None:
+        """A free slot of the only pool (see Group.take)."""
+        return self._only().take(front)
+
+    async def wait(self, deadline: float, front: bool = False) -> Backend:
+        """Queue in the only pool (see Group.wait)."""
+        return await self._only().wait(deadline, front)
+
+    def release(self, backend: Backend, served: bool = True):
+        backend.group.release(backend, served)
+
+    def _only(self) -> Group:
+        if len(self.groups) != 1:
+            raise ValueError(f"{len(self.groups)} pools: take a slot from a pool (Balancer.by_model)")
+        return self.groups[0]
 
     # -- health --
 
@@ -181,7 +253,7 @@ class Balancer:
             backend.healthy = False
             log.warning("backend %s ejected: %s", backend.name, reason)
             backend.pool.close()
-            self._refresh()
+            backend.group._refresh()
             self._changed(backend)
 
     def admit(self, backend: Backend):
@@ -189,14 +261,14 @@ class Balancer:
             backend.healthy = True
             backend.last_error = None
             log.info("backend %s healthy, back in rotation", backend.name)
-            self._refresh()
+            backend.group._refresh()
             self._changed(backend)
 
     def set_draining(self, backend: Backend, draining: bool):
         if backend.draining != draining:
             backend.draining = draining
             log.info("backend %s %s", backend.name, "draining" if draining else "undrained")
-            self._refresh()
+            backend.group._refresh()
             self._changed(backend)
 
     def _changed(self, backend: Backend):
@@ -240,31 +312,56 @@ class Balancer:
 
     # -- reload --
 
-    def update(self, urls, cap: int, queue_size: int, connect_timeout: float, retry_after: int) -> list[Backend]:
-        """Apply a reloaded backend list and settings; in-flight requests keep their backend.
+    def update(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int) -> list[Backend]:
+        """Apply a (re)loaded backend list and settings; in-flight requests keep their backend.
 
-        Returns the backends that are new (not yet health-checked).
+        `specs` are BackendSpecs (or bare URLs). A pool whose models are unchanged stays the same object, its
+        queue with it; a backend whose models changed moves to its new pool. Requests queued for models no
+        backend serves any more get 503. Returns the backends that are new (not yet health-checked).
         """
+        specs = [_spec(s) for s in specs]
         current = {b.url: b for b in self.backends}
-        kept, added = [], []
-        for url in urls:
-            b = current.pop(url, None)
+        groups = {g.models: g for g in self.groups}
+        shared = len({s.models for s in specs}) == 1
+        kept, added, new_groups = [], [], {}
+        for spec in specs:
+            b = current.pop(spec.url, None)
             if b is None:
-                b = Backend(url, cap, connect_timeout)
+                b = Backend(spec, cap, connect_timeout)
                 added.append(b)
-            b.cap = cap
+            b.spec = spec
+            b.cap = spec.concurrency or cap
             b.pool.connect_timeout = connect_timeout
             kept.append(b)
+            group = new_groups.get(spec.models)
+            if group is None:
+                group = groups.pop(spec.models, None) or Group(spec.models, spec.kind, queue_size, retry_after, shared)
+                group.backends = []
+                group.max_model_len = None
+                new_groups[spec.models] = group
+            group.kind, group.queue_size, group.retry_after, group.shared = spec.kind, queue_size, retry_after, shared
+            if spec.max_model_len is not None:
+                group.max_model_len = spec.max_model_len
+            group.backends.append(b)
+            b.group = group
         for b in current.values():
             b.removed = True
             b.healthy = False
             b.pool.retired = True
             b.pool.close()
             log.info("backend %s removed (%d in flight finish there)", b.name, b.active)
+        for gone in groups.values():  # pools of models no longer served: nobody will free a slot for them
+            gone.backends = []
+            gone._fail_waiters(ProxyError(503, f"Service unavailable: {', '.join(f'`{m}`' for m in gone.models)} "
+                                               f"is no longer served here (the configuration was reloaded).",
+                                          headers={"Retry-After": str(retry_after)}))
         self.backends = kept
+        self.groups = list(new_groups.values())
+        self.by_model = {model: g for g in self.groups for model in g.models}
         self.queue_size = queue_size
         self.retry_after = retry_after
-        self._refresh()
+        for g in self.groups:
+            g._refresh()
         return added
 
     def close(self):

@@ -16,8 +16,8 @@ except ImportError:  # a platform without uvloop wheels still works, on asyncio'
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="dcu-proxy", description="Reverse proxy in front of the per-card vLLM instances "
-        "(least-active routing, health checks, the service contract, results log).")
+        prog="dcu-proxy", description="Reverse proxy in front of a host's vLLM instances "
+        "(routing by model, least-active within a model's pool, health checks, the service contract, results log).")
     parser.add_argument("--config", metavar="PATH",
                         help=f"YAML configuration (on hosts: {configuration.DEFAULT_PATH})")
     parser.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (overrides listen)")
@@ -44,7 +44,14 @@ def main(argv=None) -> int:
         print(f"dcu-proxy: configuration error: {e}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"dcu-proxy: configuration OK ({len(config.backends)} backends, models {', '.join(config.models)})")
+        served = {}  # model -> (kind, backends)
+        for spec in config.specs:
+            for model in spec.models:
+                kind, count = served.get(model, (spec.kind, 0))
+                served[model] = (kind, count + 1)
+        models = ", ".join(f"{model} ({kind}, {count})" for model, (kind, count) in served.items()) \
+            if len({spec.models for spec in config.specs}) > 1 else ", ".join(config.models)
+        print(f"dcu-proxy: configuration OK ({len(config.backends)} backends, models {models})")
         return 0
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -112,6 +112,68 @@ def _list_of(inner: Callable[[str, Any], Any], what: str) -> Callable[[str, Any]
     return check
 
 
+def _backends(key: str, value: Any) -> list:
+    """Either form of `backends`: a list of URLs (every backend serves the top-level `models`), or a list of
+    mappings, each naming its own models and kind (the form rendered from a host's model services)."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, f"must be a non-empty list of backend URLs, or of backends {{url, models, kind}}, "
+                               f"got {value!r}")
+    if all(isinstance(v, str) for v in value):
+        return _list_of(_backend_url, "backend URLs")(key, value)
+    specs: list[BackendSpec] = []
+    where: dict[str, str] = {}  # url -> the entry that lists it
+    first: dict[str, tuple[int, BackendSpec]] = {}  # model -> (index, entry) where it was first served
+    for i, entry in enumerate(value):
+        name = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            shown = entry if isinstance(entry, str) else "http://HOST:PORT"
+            raise ConfigError(name, f"{entry!r} is not a backend mapping, and the list holds mappings: write "
+                                    f"{{url: {shown}, models: [NAME], kind: KIND}} (a list holds URLs only, or "
+                                    f"mappings only)")
+        if "url" in entry and "urls" in entry:
+            raise ConfigError(name, "has both `url` and `urls`: give `url` for one instance, or `urls` for "
+                                    "several instances serving the same models")
+        if "url" not in entry and "urls" not in entry:
+            raise ConfigError(f"{name}.url", "is required: the instance's base URL, e.g. http://127.0.0.1:8002 "
+                                             "(or `urls` for several instances serving the same models)")
+        if "models" not in entry:
+            raise ConfigError(f"{name}.models", "is required: the names this instance serves (its vLLM "
+                                                "--served-model-name), e.g. [Qwen3-32B]")
+        if "kind" not in entry:
+            raise ConfigError(f"{name}.kind", f"is required: one of {', '.join(KINDS)}")
+        v = _apply(BACKEND_SCHEMA, entry, f"{name}.")
+        models = tuple(v["models"])
+        urls = [(f"{name}.url", v["url"])] if v["url"] else \
+            [(f"{name}.urls[{j}]", u) for j, u in enumerate(v["urls"])]
+        for at, url in urls:
+            if url in where:
+                raise ConfigError(at, f"{url} is listed twice (also {where[url]}): one instance is one entry; "
+                                      f"list every name it serves in that entry's `models`")
+            where[url] = at
+        spec = BackendSpec("", models, v["kind"], v["concurrency"], v["max_model_len"])
+        for model in models:
+            if model not in first:
+                first[model] = (i, spec)
+                continue
+            j, other = first[model]
+            if other.kind != spec.kind:
+                raise ConfigError(f"{name}.kind", f"`{model}` is served as {spec.kind} here and as {other.kind} "
+                                                  f"by {key}[{j}]: one model name has one kind; correct the kind, "
+                                                  f"or serve the other model under another --served-model-name")
+            if set(other.models) != set(models):
+                raise ConfigError(f"{name}.models", f"`{model}` is also served by {key}[{j}], with the models "
+                                                    f"{list(other.models)}; backends that serve a model serve the "
+                                                    f"same names (one pool per model list): give this entry those "
+                                                    f"models, or serve it under another --served-model-name")
+            if None not in (other.max_model_len, spec.max_model_len) and other.max_model_len != spec.max_model_len:
+                raise ConfigError(f"{name}.max_model_len", f"`{model}` has max_model_len {spec.max_model_len} here "
+                                                           f"and {other.max_model_len} in {key}[{j}]; /v1/models "
+                                                           f"reports one per model: make them equal (each "
+                                                           f"instance's --max-model-len)")
+        specs.extend(BackendSpec(url, models, spec.kind, spec.concurrency, spec.max_model_len) for _, url in urls)
+    return specs
+
+
 def _path(key, value):
     if not isinstance(value, str) or not value.startswith("/"):
         raise ConfigError(key, f"must be an absolute file path, got {value!r}")
@@ -131,10 +193,22 @@ CONTRACT_MODES = {
     "max_images": (9, 0),
 }
 
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+
+# One entry of `backends` in the form where each backend names its models (a host carved into model services).
+BACKEND_SCHEMA: dict[str, Any] = {
+    "url": (None, _optional(_backend_url)),
+    "urls": (None, _optional(_list_of(_backend_url, "backend URLs"))),
+    "models": (REQUIRED, _list_of(_text, "served model names")),
+    "kind": (REQUIRED, _choice(*KINDS)),
+    "concurrency": (None, _optional(_int(1, 1024))),
+    "max_model_len": (None, _optional(_int(1))),
+}
+
 SCHEMA: dict[str, Any] = {
     "listen": ("0.0.0.0:8000", _listen),
-    "backends": (REQUIRED, _list_of(_backend_url, "backend URLs")),
-    "models": (REQUIRED, _list_of(_text, "served model names")),
+    "backends": (REQUIRED, _backends),
+    "models": (None, _optional(_list_of(_text, "served model names"))),
     "max_model_len": (None, _optional(_int(1))),
     "backend_concurrency": (4, _int(1, 1024)),
     "queue_size": (1000, _int(0, 100_000)),
@@ -166,6 +240,17 @@ SCHEMA: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class BackendSpec:
+    """One vLLM instance as the proxy routes to it: its URL, the model names it serves and their kind."""
+
+    url: str
+    models: tuple
+    kind: str = "chat"
+    concurrency: int | None = None  # None: backend_concurrency
+    max_model_len: int | None = None  # None: the top-level max_model_len
+
+
+@dataclass(frozen=True)
 class Contract:
     user: str = "reject"
     enable_thinking: str = "reject"
@@ -176,8 +261,9 @@ class Contract:
 
 @dataclass(frozen=True)
 class Config:
-    backends: tuple
-    models: tuple
+    backends: tuple  # the backend URLs, in order
+    models: tuple  # every served model name, in order
+    specs: tuple = ()  # BackendSpec per backend URL (the plain form: every backend serves every model, as chat)
     listen: str = "0.0.0.0:8000"
     max_model_len: int | None = None
     backend_concurrency: int = 4
@@ -250,8 +336,21 @@ def build(data: Any, source: str | None = None) -> Config:
         raise ConfigError("health.timeout", f"must not exceed health.interval ({v['health']['interval']:g} s)")
     if not v["health"]["path"].startswith("/"):
         raise ConfigError("health.path", f"must start with '/', got {v['health']['path']!r}")
+    backends = v["backends"]
+    if isinstance(backends[0], str):  # the plain form: every backend serves every model
+        if v["models"] is None:
+            raise ConfigError("models", "is required: the served model names (vLLM's --served-model-name), "
+                                        "which every backend serves; or give each backend its own: backends: "
+                                        "[{url: ..., models: [...], kind: ...}]")
+        specs = tuple(BackendSpec(url, tuple(v["models"])) for url in backends)
+    else:
+        if v["models"] is not None:
+            raise ConfigError("models", "must not be set when each backend names its models (backends[].models): "
+                                        "remove the top-level `models`")
+        specs = tuple(backends)
+    models = tuple(dict.fromkeys(model for spec in specs for model in spec.models))
     return Config(
-        listen=v["listen"], backends=tuple(v["backends"]), models=tuple(v["models"]),
+        listen=v["listen"], backends=tuple(spec.url for spec in specs), models=models, specs=specs,
         max_model_len=v["max_model_len"], backend_concurrency=v["backend_concurrency"],
         queue_size=v["queue_size"], request_timeout=v["request_timeout"],
         connect_timeout=v["connect_timeout"], max_body_bytes=v["max_body_bytes"],

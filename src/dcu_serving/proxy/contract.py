@@ -1,9 +1,10 @@
 """The service contract, checked on the request before it costs a card anything.
 
-The JSON body is parsed once, by orjson (a fifth of the standard library's time). When nothing had to
-change, the caller's original bytes are forwarded; the only routine change (asking vLLM for usage on a
-stream) is spliced into the bytes, not re-serialised. Every rule can be relaxed in the config
-(contract.*); every message tells the caller what to change.
+It applies to the chat and completions APIs (chat and vision models); embeddings, rerank, score and
+transcription requests pass on as they came. The JSON body is parsed once, by orjson (a fifth of the
+standard library's time). When nothing had to change, the caller's original bytes are forwarded; the only
+routine change (asking vLLM for usage on a stream) is spliced into the bytes, not re-serialised. Every rule
+can be relaxed in the config (contract.*); every message tells the caller what to change.
 """
 
 from __future__ import annotations
@@ -61,23 +62,15 @@ def parse_exact(body: bytes) -> dict:
     return payload
 
 
-def check(body: bytes, payload: dict, rules: Contract, models: frozenset, exact: bool = False) -> Call:
-    """Apply the contract to one parsed request; raise ProxyError(400) or return the Call to forward.
+def check(body: bytes, payload: dict, rules: Contract, exact: bool = False) -> Call:
+    """Apply the contract to one parsed chat or completions request; raise ProxyError(400) or return the Call
+    to forward. Its `model` was routed already (routing.py): the contract is what a chat model needs.
 
     `exact`: the payload came from parse_exact. A request that must be re-serialised is checked again on
     the exact parse, so no integer elsewhere in it (a seed, say) can come out as a float.
     """
     changed = False
     model = payload.get("model")
-    if rules.model == "reject" and not (isinstance(model, str) and model in models):
-        names = ", ".join(sorted(models))
-        if model is None:
-            raise ProxyError(400, f"`model` is required: set it to one of the served models: {names}.", "model")
-        if not isinstance(model, str):
-            raise ProxyError(400, f"`model` must be a string, got {type(model).__name__}: set it to one of the "
-                                  f"served models: {names}.", "model")
-        raise ProxyError(400, f"The model `{model}` is not served here; set `model` to one of: {names}.", "model")
-
     user = payload.get("user")
     if user is not None and not isinstance(user, str):
         if rules.user == "reject":
@@ -118,7 +111,7 @@ def check(body: bytes, payload: dict, rules: Contract, models: frozenset, exact:
                 changed = True
     if changed:
         if not exact:
-            return check(body, parse_exact(body), rules, models, exact=True)
+            return check(body, parse_exact(body), rules, exact=True)
         body = fastjson.dumps(payload)
     return Call(body, model, user, stream, strip_usage)
 

@@ -45,7 +45,7 @@ class Histogram:
 class Metrics:
     def __init__(self, proxy):
         self._proxy = proxy
-        self.by_status: dict[int, int] = {}
+        self.by_status: dict[tuple, int] = {}  # (api, model, status) -> requests
         self.retries = 0
         self.latency = Histogram("dcu_proxy_request_duration_seconds",
                                  "End-to-end latency seen by the caller, queue time included", LATENCY_BUCKETS)
@@ -55,9 +55,13 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
-    def observe(self, status: int, latency: float, ttft: float | None, queue_wait: float | None):
+    def observe(self, api: str, model: str | None, status: int, latency: float, ttft: float | None,
+                queue_wait: float | None):
+        if status != 200 and model is not None and model not in self._proxy.balancer.by_model:
+            model = None  # a name no backend serves: not a label value (callers could make up any number)
+        key = (api, model, status)
         by_status = self.by_status
-        by_status[status] = by_status.get(status, 0) + 1
+        by_status[key] = by_status.get(key, 0) + 1
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)
@@ -65,10 +69,12 @@ class Metrics:
             self.queue_wait.observe(queue_wait)
 
     def collect(self):
-        requests = CounterMetricFamily("dcu_proxy_requests", "API requests answered, by HTTP status",
-                                       labels=["status"])
-        for status, count in sorted(self.by_status.items()):
-            requests.add_metric([str(status)], count)
+        requests = CounterMetricFamily("dcu_proxy_requests", "API requests answered, by API, model and HTTP status "
+                                       "(model empty: none given, or one not served)",
+                                       labels=["api", "model", "status"])
+        for (api, model, status), count in sorted(self.by_status.items(), key=lambda item: (
+                item[0][0], item[0][1] or "", item[0][2])):
+            requests.add_metric([api, model or "", str(status)], count)
         yield requests
         yield self.latency.family()
         yield self.ttft.family()
@@ -100,3 +106,19 @@ class Metrics:
             failures.add_metric([b.name], b.failures)
         yield from gauges.values()
         yield failures
+        pools = {
+            "healthy": GaugeMetricFamily("dcu_proxy_model_backends_healthy", "Backends in rotation per served model",
+                                         labels=["model", "kind"]),
+            "total": GaugeMetricFamily("dcu_proxy_model_backends", "Backends per served model",
+                                       labels=["model", "kind"]),
+            "queue": GaugeMetricFamily("dcu_proxy_model_queue_depth", "Requests waiting for a slot, per served model "
+                                       "(a pool serving several names counts its queue under each)",
+                                       labels=["model", "kind"]),
+        }
+        for g in balancer.groups if balancer else ():
+            healthy = sum(1 for b in g.backends if b.healthy and not b.draining)
+            for model in g.models:
+                pools["healthy"].add_metric([model, g.kind], healthy)
+                pools["total"].add_metric([model, g.kind], len(g.backends))
+                pools["queue"].add_metric([model, g.kind], g.queued)
+        yield from pools.values()

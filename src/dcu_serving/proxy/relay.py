@@ -18,7 +18,7 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from . import contract
+from . import contract, routing
 from .answers import answer_fields, scan_events
 from .balancer import Backend, Balancer
 from .config import Config
@@ -26,11 +26,14 @@ from .errors import ProxyError, sse_error
 from .metrics import Metrics
 from .responses import SELF, error_response, request_id
 from .results import ResultsLog
+from .routing import APIS, Api
+from .uploads import FormScanner, boundary_of
 from .upstream import ConnectFailed, ConnectionBroken, DeadlineExceeded
 
 log = logging.getLogger("dcu_proxy")
 
-API_PATHS = ("/v1/chat/completions", "/v1/completions")
+API_PATHS = tuple(APIS)
+ORID_HEADER = "X-Orid"  # where an upload's orid may come from, when its form has no `user` field
 
 # Request headers not forwarded: hop-by-hop ones, those the proxy writes itself, and Content-Encoding (aiohttp
 # has decoded the body).
@@ -46,7 +49,7 @@ _PARTIAL_EVENT_LIMIT = 1 << 20  # an SSE event larger than this is passed on unf
 
 
 class Relay:
-    """Answers POST /v1/chat/completions and /v1/completions by way of a card.
+    """Answers the API paths (routing.APIS) by way of a card of the request's model.
 
     `settings` and `results` are replaced on reload (Proxy.reload); `stopping` is set when SIGTERM came,
     so requests cut from then on are recorded as the proxy's doing, not the caller's.
@@ -62,19 +65,26 @@ class Relay:
         self.configure(settings)
 
     def configure(self, settings: Config):
+        """Take (re)loaded settings; call after the balancer has its pools (routing follows them)."""
         self.settings = settings
-        self.models = frozenset(settings.models)
+        self.passing = settings.contract.model == "pass"
+        routing.configure(self.balancer.groups)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         loop = self.loop
         t0 = loop.time()
+        api = APIS[request.path]  # the path the listener routed here by
         rid = request_id(request)
-        rec = {"time": 0.0, "request_id": rid, "orid": None, "model": None, "backend": None, "status": 0,
-               "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None,
-               "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0, "error": None}
+        rec = {"time": 0.0, "request_id": rid, "orid": None, "api": api.name, "model": None, "backend": None,
+               "status": 0, "finish_reason": None, "prompt_tokens": None, "completion_tokens": None,
+               "ttft_ms": None, "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0,
+               "error": None}
         try:
             try:
-                response = await self._forward(request, rid, rec, t0)
+                if api.upload:
+                    response = await self._forward_upload(request, api, rid, rec, t0)
+                else:
+                    response = await self._forward(request, api, rid, rec, t0)
             except ProxyError as e:
                 rec["status"] = e.status
                 rec["error"] = e.message
@@ -106,29 +116,51 @@ class Relay:
                 self.results.write(rec)
             ttft = rec["ttft_ms"]
             queue_ms = rec["queue_ms"]
-            self.metrics.observe(rec["status"], latency, None if ttft is None else ttft / 1000,
-                                 None if queue_ms is None else queue_ms / 1000)
+            self.metrics.observe(api.name, rec["model"], rec["status"], latency,
+                                 None if ttft is None else ttft / 1000, None if queue_ms is None else queue_ms / 1000)
 
-    async def _forward(self, request: web.BaseRequest, rid: str, rec: dict, t0: float):
-        """Check the request, take a slot and send it; a card that could not be reached is ejected and the
-        request goes once more to another. Nothing is retried once a card may have started work."""
+    async def _forward(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float,
+                       read: tuple | None = None):
+        """Read the JSON request, find its model's pool, check the contract (chat and completions), then take a
+        slot in the pool and send it; a card that could not be reached is ejected and the request goes once
+        more to another. Nothing is retried once a card may have started work.
+
+        `read`: (call, pool, deadline) of a request read already (a whole upload): it is only sent. One
+        coroutine does it all, as this is every request's path (bench/proxy_instructions.py).
+        """
         s = self.settings
-        if request.content_type != "application/json":
-            raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
-                                  f"send the request body as JSON.")
-        deadline = t0 + s.request_timeout
-        body = await self._read_body(request, s.max_body_bytes, deadline)
-        payload = contract.parse(body)
-        user = payload.get("user")
-        rec["orid"] = None if user is None else str(user)
-        model = payload.get("model")
-        rec["model"] = model if isinstance(model, str) else None
-        rec["stream"] = payload.get("stream") is True
-        call = contract.check(body, payload, s.contract, self.models)
+        if read is not None:
+            call, group, deadline = read
+        else:
+            if request.content_type != "application/json":
+                raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
+                                      f"send the request body as JSON.")
+            deadline = t0 + s.request_timeout
+            content = request.content
+            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+                body = content.read_nowait()
+                if len(body) > s.max_body_bytes:
+                    raise _too_large(s.max_body_bytes)
+            else:
+                body = await self._read_body(request, s.max_body_bytes, deadline)
+            payload = contract.parse(body)
+            user = payload.get("user")
+            rec["orid"] = None if user is None else str(user)
+            model = payload.get("model")
+            if model.__class__ is str:
+                rec["model"] = model
+                group = api.routes.get(model)
+            else:
+                group = None
+            if group is None:
+                group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
+            if api.chat:
+                rec["stream"] = payload.get("stream") is True
+                call = contract.check(body, payload, s.contract)
+            else:  # embeddings, rerank, score: passed on as they came
+                call = contract.Call(body, model, user, None, False)
 
-        headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
-                           if name.lower() not in _DROP_REQUEST)
-        headers += b"X-Request-Id: %s\r\n" % rid.encode()  # the caller's, or the one made for it
+        headers = _forwarded_headers(request, rid)
         path = request.raw_path.encode()
         balancer = self.balancer
         loop = self.loop
@@ -136,7 +168,7 @@ class Relay:
         while True:
             try:
                 front = first_failure is not None
-                backend = balancer.take(front) or await balancer.wait(deadline, front)
+                backend = group.take(front) or await group.wait(deadline, front)
             except DeadlineExceeded:
                 raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
                                       f"request waited in the proxy's queue). Retry later.") from None
@@ -169,7 +201,144 @@ class Relay:
                 raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
                                       f"deadline. Lower max_tokens or turn off thinking.") from None
             finally:
-                balancer.release(backend, served=sent)
+                group.release(backend, served=sent)
+
+    async def _forward_upload(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
+        """A multipart/form-data upload (a transcription): read until its `model` is known, then send what was
+        read and pass the rest on as it arrives, so an audio file is not held whole in the proxy.
+
+        The orid is the form's `user` field, if it comes before the file, else the X-Orid header. A card
+        that could not be reached is ejected and the request goes once more to another: nothing had left the
+        proxy. Once the first bytes are sent the upload is never sent again.
+        """
+        s = self.settings
+        boundary = boundary_of(request.headers.get("Content-Type", ""))
+        limit = s.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _too_large(limit)
+        deadline = t0 + s.request_timeout
+        content = request.content
+        await _continue(request)
+        prefix = bytearray()
+        scanner = FormScanner(boundary)
+        ended = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not scanner.done:
+                    chunk = await content.readany()
+                    if not chunk:
+                        ended = True
+                        scanner.finish()
+                        break
+                    prefix += chunk
+                    if len(prefix) > limit:
+                        raise _too_large(limit)
+                    scanner.feed(prefix)
+            ended = ended or content.is_eof()
+        except web.RequestPayloadError as e:
+            raise _unreadable(e) from None
+        except TimeoutError:
+            raise _body_timeout(s.request_timeout) from None
+        fields = scanner.fields
+        user = fields.get("user")
+        if user is None:
+            user = request.headers.get(ORID_HEADER)
+        rec["orid"] = user
+        model = fields.get("model")
+        rec["model"] = model
+        group = api.routes.get(model) if model is not None else None
+        if group is None:
+            group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
+        call = contract.Call(bytes(prefix), model, user, None, False)
+        if ended:  # the whole form is here (a short clip): sent like any request, retried like one
+            return await self._forward(request, api, rid, rec, t0, (call, group, deadline))
+
+        # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
+        chunked = length is None or "Content-Encoding" in request.headers
+        headers = _forwarded_headers(request, rid)
+        if chunked:
+            headers += b"Transfer-Encoding: chunked\r\n"
+            first = b"%x\r\n%s\r\n" % (len(prefix), prefix)
+        else:
+            first = call.body
+        path = request.raw_path.encode()
+        balancer = self.balancer
+        loop = self.loop
+        first_failure = None
+        while True:
+            try:
+                front = first_failure is not None
+                backend = group.take(front) or await group.wait(deadline, front)
+            except DeadlineExceeded:
+                raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
+                                      f"request waited in the proxy's queue). Retry later.") from None
+            if rec["queue_ms"] is None:
+                rec["queue_ms"] = _ms(loop.time() - t0)
+            rec["attempts"] += 1
+            rec["backend"] = backend.name
+            sent = False
+            try:
+                pool = backend.pool
+                try:
+                    conn = await pool.open(pool.build_head(b"POST", path, headers, None if chunked else length),
+                                           first, deadline)
+                except ConnectFailed as e:
+                    balancer.eject(backend, str(e))
+                    if first_failure is None:  # never reached the backend: once more, elsewhere
+                        first_failure = str(e)
+                        self.metrics.retries += 1
+                        continue
+                    raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
+                                          f"ejected; safe to retry.") from None
+                sent = True
+                log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
+                          rid, backend.name, len(prefix))
+                try:
+                    conn.body_pending = True
+                    await self._pump(content, conn, len(prefix), limit, chunked, deadline)
+                    await conn.response()
+                except BaseException:
+                    conn.abort()
+                    raise
+                return await self._answer(request, conn, backend, call, rec, rid, t0)
+            except ConnectionBroken as e:
+                sent = True
+                balancer.eject(backend, str(e))
+                raise ProxyError(502, f"The backend {backend.name} failed before the answer was complete "
+                                      f"({e}); it is ejected. Safe to retry.") from None
+            except DeadlineExceeded:
+                sent = True
+                raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
+                                      f"deadline.") from None
+            finally:
+                group.release(backend, served=sent)
+
+    async def _pump(self, content, conn, count: int, limit: int, chunked: bool, deadline: float):
+        """The rest of the caller's body to the backend, as it arrives, at the pace the backend reads it."""
+        reading = False  # waiting for the caller (a 408 if the deadline passes then), not for the backend
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not conn.answered:  # a backend that answered early has read all it wants
+                    reading = True
+                    chunk = await content.readany()
+                    reading = False
+                    if not chunk:
+                        if chunked:
+                            conn.write(b"0\r\n\r\n")
+                        conn.body_pending = False
+                        return
+                    count += len(chunk)
+                    if count > limit:
+                        raise _too_large(limit)
+                    conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await conn.drain()
+        except web.RequestPayloadError as e:
+            raise _unreadable(e) from None
+        except TimeoutError:
+            if reading:
+                raise _body_timeout(self.settings.request_timeout) from None
+            raise DeadlineExceeded() from None
 
     async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float) -> bytes:
         length = request.content_length
@@ -177,8 +346,9 @@ class Relay:
             raise _too_large(limit)
         content = request.content
         try:
-            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+            if content.is_eof():
                 return content.read_nowait()
+            await _continue(request)
             body = bytearray()  # count as it comes: a chunked upload declares no length
             async with asyncio.timeout_at(deadline):  # a body that stops coming must not hold the proxy
                 async for chunk in content.iter_any():
@@ -187,19 +357,18 @@ class Relay:
                         raise _too_large(limit)
             return bytes(body)
         except web.RequestPayloadError as e:  # aiohttp could not decode it (Content-Encoding, chunks)
-            reason = getattr(e.__cause__, "message", None) or str(e)
-            raise ProxyError(400, f"The request body could not be read ({reason}): send it uncompressed, or "
-                                  f"encoded as its Content-Encoding and Transfer-Encoding headers say.") from None
+            raise _unreadable(e) from None
         except TimeoutError:
-            raise ProxyError(408, f"The request body did not arrive within the proxy's "
-                                  f"{self.settings.request_timeout:g} s deadline: send it whole, without "
-                                  f"pauses.") from None
+            raise _body_timeout(self.settings.request_timeout) from None
 
     async def _answer(self, request, conn, backend: Backend, call, rec: dict, rid: str, t0: float):
         """The card's answer to the caller: whole, or a stream passed on event by event."""
         status = conn.status
         headers = _response_headers(conn.headers, backend, rid)
-        if not (call.stream and status == 200):
+        stream = call.stream
+        if stream is None:  # an API whose request does not say: the answer does (a transcription stream)
+            stream = rec["stream"] = headers.get("Content-Type", "").startswith("text/event-stream")
+        if not (stream and status == 200):
             try:
                 body = conn.body() if conn.complete else await conn.read()
             finally:
@@ -274,6 +443,13 @@ class Relay:
             rec["error"] = "the client closed the connection"
 
 
+def _forwarded_headers(request: web.BaseRequest, rid: str) -> bytes:
+    """The caller's headers to forward, and the request id (the caller's, or the one made for it)."""
+    headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
+                       if name.lower() not in _DROP_REQUEST)
+    return headers + b"X-Request-Id: %s\r\n" % rid.encode()
+
+
 def _response_headers(raw, backend: Backend, rid: str) -> CIMultiDict:
     headers = CIMultiDict([(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw
                            if name.lower() not in _DROP_RESPONSE])
@@ -282,9 +458,28 @@ def _response_headers(raw, backend: Backend, rid: str) -> CIMultiDict:
     return headers
 
 
+async def _continue(request: web.BaseRequest):
+    """`Expect: 100-continue` (curl sends it with bodies over 1 MiB): say so, rather than leave the caller
+    waiting a second before it sends the body. aiohttp's low-level server leaves this to the handler."""
+    expect = request.headers.get("Expect")
+    if expect is not None and expect.lower() == "100-continue" and request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def _unreadable(e: Exception) -> ProxyError:
+    reason = getattr(e.__cause__, "message", None) or str(e)
+    return ProxyError(400, f"The request body could not be read ({reason}): send it uncompressed, or encoded as "
+                           f"its Content-Encoding and Transfer-Encoding headers say.")
+
+
+def _body_timeout(timeout: float) -> ProxyError:
+    return ProxyError(408, f"The request body did not arrive within the proxy's {timeout:g} s deadline: send it "
+                           f"whole, without pauses.")
+
+
 def _too_large(limit: int) -> ProxyError:
-    return ProxyError(413, f"The request body is larger than the proxy's limit of {limit} bytes: send smaller "
-                           f"or fewer images.")
+    return ProxyError(413, f"The request body is larger than the proxy's limit of {limit} bytes (max_body_bytes): "
+                           f"send smaller or fewer images, or a shorter audio file.")
 
 
 def _ms(seconds: float) -> float:

@@ -1,7 +1,9 @@
 """The results log: one JSON line per API request, written by a thread so the event loop never blocks.
 
-Records carry no prompt text and no image data (see FIELDS). Lines are written whole with one write()
-on an O_APPEND descriptor; `reopen()` (on SIGHUP) switches to a fresh file after logrotate moved the old.
+Records carry no prompt text, image data, documents or audio (see FIELDS); an error message that quotes the
+request (vLLM's validation errors do) is recorded without the quoted values (answers.error_message). Lines
+are written whole with one write() on an O_APPEND descriptor; `reopen()` (on SIGHUP) switches to a fresh
+file after logrotate moved the old.
 
 The event loop formats each record as it ends (orjson, under a microsecond) and every FLUSH_INTERVAL hands the
 batch to the writer thread as bytes; the thread only calls write(), with the GIL released. Measured
@@ -26,7 +28,7 @@ from . import fastjson
 log = logging.getLogger("dcu_proxy")
 
 # The fields of a line, in order; docs/proxy.md describes each.
-FIELDS = ("time", "request_id", "orid", "model", "backend", "status", "finish_reason", "prompt_tokens",
+FIELDS = ("time", "request_id", "orid", "api", "model", "backend", "status", "finish_reason", "prompt_tokens",
           "completion_tokens", "ttft_ms", "latency_ms", "queue_ms", "stream", "attempts", "error")
 
 FLUSH_INTERVAL = 0.05  # seconds a record may wait on the event loop before it goes to the writer thread

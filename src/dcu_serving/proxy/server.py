@@ -57,12 +57,16 @@ class Proxy:
                 results = ResultsLog(s.results_log)
             except OSError as e:
                 raise ConfigError("results_log", f"cannot open {s.results_log}: {e.strerror}") from e
-        self.balancer = Balancer(s.backends, s.backend_concurrency, s.queue_size, s.connect_timeout,
+        self.balancer = Balancer(s.specs, s.backend_concurrency, s.queue_size, s.connect_timeout,
                                  s.retry_after)
         self.relay = Relay(s, self.balancer, self.metrics, results, self.loop)
         await self.balancer.check_all(s.health_path, s.health_timeout)
         self._health_task = asyncio.ensure_future(self._health_loop())
         log.info("backends: %d/%d healthy", self.balancer.healthy_count, len(self.balancer.backends))
+        if len(self.balancer.groups) > 1:
+            for g in self.balancer.groups:
+                log.info("pool %s (%s): %d/%d healthy", ", ".join(g.models), g.kind,
+                         sum(1 for b in g.backends if b.healthy), len(g.backends))
 
     async def _health_loop(self):
         """Check every backend every health.interval seconds, at a fixed rate."""
@@ -116,15 +120,15 @@ class Proxy:
                 closing.close()
         logging.getLogger().setLevel(new.log_level.upper())
         self.settings = new
-        relay.configure(new)
-        added = self.balancer.update(new.backends, new.backend_concurrency, new.queue_size,
+        added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
                                      new.connect_timeout, new.retry_after)
+        relay.configure(new)  # routing follows the balancer's new pools
         for b in added:
             task = asyncio.ensure_future(self.balancer.check(b, new.health_path, new.health_timeout))
             self._checks.add(task)
             task.add_done_callback(self._checks.discard)
-        log.info("reloaded %s: %d backends, cap %d, queue %d", new.source or "configuration",
-                 len(new.backends), new.backend_concurrency, new.queue_size)
+        log.info("reloaded %s: %d backends in %d pools, cap %d, queue %d", new.source or "configuration",
+                 len(new.backends), len(self.balancer.groups), new.backend_concurrency, new.queue_size)
 
     # -- the listeners --
     # aiohttp's low-level server with a dict for routing: the Application's router, middleware chain and

@@ -30,23 +30,28 @@ class StatusEndpoints:
         return error_response(no_backend(proxy.settings.retry_after), own_headers(request)["X-Request-Id"])
 
     async def handle_models(self, request: web.BaseRequest) -> web.Response:
-        """The served models, as vLLM lists them."""
+        """Every served model, as vLLM lists its own (with max_model_len where the configuration states it)."""
         settings = self._proxy.settings
+        by_model = self._proxy.balancer.by_model
         cards = []
         for name in settings.models:
             card = {"id": name, "object": "model", "created": int(self._started), "owned_by": "dcu-serving",
                     "root": name, "parent": None}
-            if settings.max_model_len:
-                card["max_model_len"] = settings.max_model_len
+            group = by_model.get(name)
+            max_model_len = (group.max_model_len if group is not None else None) or settings.max_model_len
+            if max_model_len:
+                card["max_model_len"] = max_model_len
             cards.append(card)
         return web.json_response({"object": "list", "data": cards}, headers=own_headers(request))
 
     async def handle_lb_status(self, request: web.BaseRequest) -> web.Response:
+        """The totals callers read (healthy, total, queue), every backend, and the same per served model."""
         balancer = self._proxy.balancer
         backends = balancer.backends
         return web.json_response(
             {"healthy": sum(1 for b in backends if b.healthy), "total": len(backends),
-             "queue": balancer.queued, "backends": [b.status() for b in backends]},
+             "queue": balancer.queued, "backends": [b.status() for b in backends],
+             "models": {model: g.status() for g in balancer.groups for model in g.models}},
             headers=own_headers(request))
 
     async def handle_metrics(self, request: web.BaseRequest) -> web.Response:

@@ -55,6 +55,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter = None
         self._timer = None
+        self._write_paused = False
         self.closed = False
         self.idle_since = 0.0
         self._reset()
@@ -71,6 +72,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._busy = False
         self._paused = False
         self._whole = False  # read() wants the whole body: never pause reading
+        self.body_pending = False  # an upload whose body was not all written: never reuse the connection
 
     # -- asyncio.Protocol --
 
@@ -88,8 +90,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(ConnectionBroken(f"invalid HTTP response: {e}"))
             self._transport.abort()
 
+    def pause_writing(self):
+        self._write_paused = True
+
+    def resume_writing(self):
+        self._write_paused = False
+        self._wake()
+
     def connection_lost(self, exc):
         self.closed = True
+        self._write_paused = False
         self._pool.forget(self)
         if self._busy and not self._complete:
             reason = f"{type(exc).__name__}: {exc}" if exc else "closed by the backend"
@@ -136,6 +146,33 @@ class UpstreamConnection(asyncio.Protocol):
             # The very first send failed synchronously (EPIPE/ECONNRESET): nothing reached the backend.
             self._cancel_timer()
             raise ConnectFailed(f"connection to {self._pool.name} was closed before the request was sent")
+
+    # -- a request body sent as it arrives (uploads), after Pool.open --
+
+    @property
+    def answered(self) -> bool:
+        """The response head has arrived (the backend may answer before it has read the whole body)."""
+        return self._headers_done
+
+    def write(self, data: bytes):
+        """More of the request body. Raises the connection's error, if it failed."""
+        if self._error is not None:
+            raise self._error
+        self._transport.write(data)
+
+    async def drain(self):
+        """Wait while the backend is slower than the caller: the transport's buffer stays bounded."""
+        while self._write_paused:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def response(self):
+        """Wait for the response head (after the whole body was written)."""
+        while not self._headers_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
 
     async def _wait(self):
         self._waiter = self._loop.create_future()
@@ -205,7 +242,8 @@ class UpstreamConnection(asyncio.Protocol):
     def release(self):
         """Done with the response: keep the connection for the next request if it is reusable."""
         self._cancel_timer()
-        if self._complete and self._keep_alive and self._error is None and not self.closed:
+        if self._complete and self._keep_alive and self._error is None and not self.closed \
+                and not self.body_pending:
             self._reset()
             self._pool.put_back(self)
         else:
@@ -247,6 +285,20 @@ class Pool:
                 if conn._error is not None:
                     raise conn._error
                 await conn._wait()
+        except BaseException:
+            conn.abort()
+            raise
+        return conn
+
+    async def open(self, head: bytes, first: bytes, deadline: float) -> UpstreamConnection:
+        """Send a request head and the first part of its body; the rest follows with `write` (an upload).
+
+        Raises ConnectFailed when nothing reached the backend (safe to send elsewhere). Once this returns the
+        backend may have started reading: a failure after it is ConnectionBroken, never retried.
+        """
+        conn = self._take_idle() or await self._connect(deadline)
+        try:
+            conn._send(head, first, deadline)
         except BaseException:
             conn.abort()
             raise
