@@ -222,7 +222,7 @@ def _service_spec(service, defaults, label, problems):
             problems.append("{}: {} is for chat and vision models, not {}".format(label, key, kind))
             spec[key] = None
     spec["trust_remote_code"] = _as_bool(_pick(service, defaults, "trust_remote_code", False))
-    extra = service.get("extra_args") or []
+    extra = _pick(service, defaults, "extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, (str, int, float)) for a in extra):
         problems.append("{}: extra_args must be a list of arguments, one per item, got {!r}".format(label, extra))
         extra = []

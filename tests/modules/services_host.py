@@ -26,6 +26,8 @@ import json
 import os
 from pathlib import Path
 
+import yaml
+
 SAMPLES = Path(__file__).parent / "samples" / "models"
 
 BUSES = ["05", "2b", "14", "1a", "86", "b8", "c0", "9e"]
@@ -54,42 +56,8 @@ SERVICES = [
      "cards": [7], "max_model_len": 8192, "max_num_seqs": 64, "gpu_memory_utilization": 0.5},
 ]
 
-_GB = 1000 ** 3
-MODELS = {
-    "qwen2.5-14b-instruct": {
-        "config": "qwen2.5-14b-instruct.json",
-        "weights": {**{f"model-0000{n}-of-00008.safetensors": 3_957_000_000 for n in range(1, 8)},
-                    "model-00008-of-00008.safetensors": 29_540_067_328 - 7 * 3_957_000_000},
-        "index": True,
-        "other": ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"],
-    },
-    "minicpm-v-4.5": {
-        "config": "minicpm-v-4.5.json",
-        "weights": {**{f"model-0000{n}-of-00004.safetensors": 4_980_000_000 for n in range(1, 4)},
-                    "model-00004-of-00004.safetensors": 2_478_000_000},
-        "index": True,
-        "other": ["preprocessor_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                  "configuration_minicpm.py", "modeling_minicpmv.py"],
-    },
-    "bge-m3": {  # no safetensors: pytorch_model.bin, plus the ColBERT and sparse heads as .pt
-        "config": "bge-m3.json",
-        "weights": {"pytorch_model.bin": 2_271_145_830, "colbert_linear.pt": 4_198_817, "sparse_linear.pt": 3_516},
-        "subdir": {"onnx/model.onnx_data": 2_266_820_608},
-        "other": ["sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json", "modules.json"],
-    },
-    "bge-reranker-v2-m3": {
-        "config": "bge-reranker-v2-m3.json",
-        "weights": {"model.safetensors": 2_271_071_852},
-        "other": ["sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json"],
-    },
-    "whisper-large-v3": {  # fp16 model.safetensors and an fp32 variant in two shards
-        "config": "whisper-large-v3.json",
-        "weights": {"model.safetensors": 3_087_130_976, "model.fp32-00001-of-00002.safetensors": 4_993_448_880,
-                    "model.fp32-00002-of-00002.safetensors": 1_180_663_192},
-        "other": ["model.safetensors.index.fp32.json", "preprocessor_config.json", "tokenizer.json",
-                  "tokenizer_config.json", "vocab.json", "merges.txt"],
-    },
-}
+# Each model's files (config, weight sizes, index, other files): the catalog tools/stand-in-model.yml uses too.
+MODELS = yaml.safe_load((Path(__file__).resolve().parents[2] / "tools" / "stand-in-models.yml").read_text())
 
 
 def config(name: str) -> dict:
