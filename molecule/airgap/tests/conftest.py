@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # proxycalls (pytest imports tests by path only)
 import testkit  # molecule/_shared, put on the path above
 from testkit import recap_fixture  # noqa: F401  (the recap fixture for the tests)
 

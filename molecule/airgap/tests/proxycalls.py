@@ -41,3 +41,13 @@ def results_line(host, orid: str) -> dict:
 
 def main_pid(host) -> str:
     return host.check_output("systemctl show --property=MainPID --value dcu-proxy")
+
+
+def user_of(host, pid) -> str:
+    """The user a process runs as (ps would cut a name of more than 8 characters)."""
+    uid = host.check_output(f"stat --format=%u /proc/{pid}")
+    return host.check_output(f"getent passwd {uid} | cut -d: -f1")
+
+
+def command_line(host, pid) -> str:
+    return host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")

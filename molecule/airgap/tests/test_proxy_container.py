@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from proxycalls import BACKENDS, call, main_pid, results_line
+from proxycalls import BACKENDS, call, command_line, main_pid, results_line, user_of
 from testkit import PROJECT
 
 from support import wait_until
@@ -37,11 +37,11 @@ def test_the_container_runs_as_dcu_proxy_confined_and_owned_by_systemd(host):
     digest = next(a["config_digest"] for a in artifacts if a["kind"] == "image" and a["name"] == "proxy")
     assert box["Image"] == digest  # the bundle's image, by its config digest
     pid = box["State"]["Pid"]
-    assert host.check_output(f"ps -o user= -p {pid}") == "dcu-proxy"
+    assert user_of(host, pid) == "dcu-proxy"
     status = host.file(f"/proc/{pid}/status").content_string
     assert "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
     # The unit's main process is the attached client: systemd starts, stops and restarts the container.
-    assert "docker run --rm --name=dcu-proxy" in host.check_output(f"ps -o args= -p {main_pid(host)}")
+    assert "docker run --rm --name=dcu-proxy" in command_line(host, main_pid(host))
 
 
 def test_reload_reaches_the_container_and_the_rotated_log_is_reopened(host):

@@ -9,7 +9,7 @@ import shutil
 import uuid
 import zipfile
 
-from proxycalls import call, main_pid, results_line
+from proxycalls import call, command_line, main_pid, results_line
 from testkit import PROJECT
 
 testinfra_hosts = ["air-host"]
@@ -73,12 +73,12 @@ def test_a_new_wheelhouse_is_switched_to_and_the_previous_venv_kept_for_a_rollba
     new = host.file(VENV).linked_to
     assert new != old and host.file(f"{VENV}.previous").linked_to == old
     assert host.file(f"{VENV}/lib/python3.11/site-packages/dcu_serving/_rebuilt.txt").exists
-    assert main_pid(host) != pid and new in host.check_output(f"ps -o args= -p {main_pid(host)}")
+    assert main_pid(host) != pid and new in command_line(host, main_pid(host))
     assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
     # The scenario's bundle again: its venv is the one kept, switched back to without a build.
     rc, out = run_playbook("serving.yml", "--limit", "air-host")
     assert rc == 0, out[-3000:]
     assert host.file(VENV).linked_to == old and host.file(f"{VENV}.previous").linked_to == new
     assert host.check_output(f"stat --format=%Y {old}/dcu-serving-wheels.sha256") == built
-    assert old in host.check_output(f"ps -o args= -p {main_pid(host)}")
+    assert old in command_line(host, main_pid(host))
     assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
