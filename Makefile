@@ -57,6 +57,7 @@ vendor: venv  ## emulated vendor artifacts (rock .run, DTK) into build/vendor/, 
 
 bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (playbooks/bundle.yml)
 	tools/build-sim-image >/dev/null
+	tools/build-proxy-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
 molecule: venv images bundle  ## every molecule scenario

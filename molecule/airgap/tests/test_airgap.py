@@ -35,6 +35,9 @@ def test_every_card_serves_behind_the_proxy_and_answers_a_request(host):
     assert result["functional"]["backend"] in {f"127.0.0.1:{8002 + card}" for card in range(CARDS)}
 
 
-def test_the_proxy_came_from_the_bundles_wheels(host):
-    assert host.file("/opt/dcu-serving/venv/bundle-requirements.txt").contains("--hash=sha256:")
+def test_the_proxy_came_from_the_bundle(host):
     assert host.service("dcu-proxy").is_running
+    if host.backend.get_hostname() == "air":  # runtime container: the bundle's proxy image
+        assert "dcu-serving/proxy:0.1.0" in host.check_output("docker image ls --format '{{.Repository}}:{{.Tag}}'")
+    else:  # runtime venv (auto): the bundle's wheels
+        assert host.file("/opt/dcu-serving/venv/bundle-requirements.txt").contains("--hash=sha256:")

@@ -1,0 +1,84 @@
+"""dcu_proxy_runtime: auto on `air-host`, which picks the venv (the node's python3 is 3.11): dcu-serving[proxy]
+only, built beside the running venv and switched to atomically; a broken wheelhouse changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import uuid
+import zipfile
+
+from proxycalls import call, command_line, main_pid, results_line
+from testkit import PROJECT
+
+testinfra_hosts = ["air-host"]
+VENV = "/opt/dcu-serving/venv"
+
+
+def test_auto_built_a_venv_of_the_proxys_dependencies_only(host):
+    venv = host.file(VENV)
+    assert venv.is_symlink and venv.linked_to.startswith(VENV + "-")
+    python = f"{VENV}/bin/python"
+    assert host.run(f"{python} -c 'import aiohttp, uvloop, orjson, dcu_serving.proxy'").rc == 0
+    for absent in ("pydantic", "PIL", "requests"):
+        assert host.run(f"{python} -c 'import {absent}'").rc != 0, absent
+    pinned = [line for line in host.file(f"{VENV}/bundle-requirements.txt").content_string.splitlines()
+              if line and not line.startswith("#")]
+    assert pinned and all(" --hash=sha256:" in line for line in pinned)
+    assert not any(line.startswith(("pydantic", "pillow", "requests")) for line in pinned)
+
+
+def _bundle_copy(tmp_path, name: str, change) -> str:
+    """index.json and wheels/ of the scenario's bundle, with change(index, root) applied."""
+    root = tmp_path / name
+    shutil.copytree(PROJECT / "build/bundle/wheels", root / "wheels")
+    index = json.loads((PROJECT / "build/bundle/index.json").read_text())
+    change(index, root)
+    (root / "index.json").write_text(json.dumps(index))
+    return str(root)
+
+
+def _wheel(index, name):
+    return next(a for a in index["artifacts"] if a["kind"] == "wheel" and a["name"] == name)
+
+
+def test_a_broken_wheelhouse_leaves_the_running_proxy_serving(host, run_playbook, tmp_path):
+    """A newer bundle whose multidict wheel does not match its sum: pip refuses it, nothing switches."""
+    def damage(index, root):
+        _wheel(index, "multidict")["sha256"] = hashlib.sha256(b"another file").hexdigest()
+
+    link, pid = host.file(VENV).linked_to, main_pid(host)
+    rc, out = run_playbook("serving.yml", "--limit", "air-host",
+                           extra_vars={"dcu_proxy_bundle_dir": _bundle_copy(tmp_path, "broken", damage)})
+    assert rc != 0 and "DO NOT MATCH THE HASHES" in out, out[-3000:]
+    assert host.file(VENV).linked_to == link and main_pid(host) == pid
+    orid = f"air-host-{uuid.uuid4().hex[:8]}"
+    assert call(host, orid)["status"] == 200 and results_line(host, orid)["status"] == 200
+
+
+def test_a_new_wheelhouse_is_switched_to_and_the_previous_venv_kept_for_a_rollback(host, run_playbook, tmp_path):
+    def rebuild(index, root):  # a rebuilt dcu-serving wheel (one more file), index.json updated
+        wheel = _wheel(index, "dcu-serving")
+        with zipfile.ZipFile(root / wheel["file"], "a") as z:
+            z.writestr("dcu_serving/_rebuilt.txt", "rebuilt\n")
+        data = (root / wheel["file"]).read_bytes()
+        wheel.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+    old, pid = host.file(VENV).linked_to, main_pid(host)
+    built = host.check_output(f"stat --format=%Y {old}/dcu-serving-wheels.sha256")
+    rc, out = run_playbook("serving.yml", "--limit", "air-host",
+                           extra_vars={"dcu_proxy_bundle_dir": _bundle_copy(tmp_path, "newer", rebuild)})
+    assert rc == 0, out[-3000:]
+    new = host.file(VENV).linked_to
+    assert new != old and host.file(f"{VENV}.previous").linked_to == old
+    assert host.file(f"{VENV}/lib/python3.11/site-packages/dcu_serving/_rebuilt.txt").exists
+    assert main_pid(host) != pid and new in command_line(host, main_pid(host))
+    assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
+    # The scenario's bundle again: its venv is the one kept, switched back to without a build.
+    rc, out = run_playbook("serving.yml", "--limit", "air-host")
+    assert rc == 0, out[-3000:]
+    assert host.file(VENV).linked_to == old and host.file(f"{VENV}.previous").linked_to == new
+    assert host.check_output(f"stat --format=%Y {old}/dcu-serving-wheels.sha256") == built
+    assert old in command_line(host, main_pid(host))
+    assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
