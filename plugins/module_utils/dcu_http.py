@@ -51,12 +51,14 @@ def describe_error(exc):
     return str(reason)
 
 
-def request(url, method="GET", payload=None, timeout=5.0):
-    data = None
+def request(url, method="GET", payload=None, timeout=5.0, data=None, content_type=None):
+    """GET, or POST a JSON `payload` (or raw `data` of `content_type`, e.g. a multipart form)."""
     headers = {"Accept": "application/json"}
     if payload is not None:
         data = json.dumps(payload).encode("utf-8")
         headers["Content-Type"] = "application/json"
+    elif data is not None:
+        headers["Content-Type"] = content_type or "application/octet-stream"
     try:
         # The proxy and the backends are on the host itself: never through an HTTP(S)_PROXY from the
         # environment, never with credentials from a ~/.netrc.

@@ -14,8 +14,10 @@ module: cluster_health
 short_description: Wait until every vLLM instance behind dcu-proxy is healthy, and say why not
 description:
   - Polls the proxy's C(/__lb_status) until C(healthy) reaches O(expected) or O(timeout) passes.
-  - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends one real
-    chat completion with an image through the proxy to prove the service answers end to end.
+  - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends real requests through
+    the proxy to prove the service answers end to end - one chat completion with an image; or, given
+    O(instances) of model services, one request per service in its own API (chat, vision, embeddings,
+    rerank, transcription).
   - "On failure the message is a per-card diagnosis naming the unit to look at, for example
     C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
 version_added: "0.1.0"
@@ -55,6 +57,15 @@ options:
     description: Seconds between polls; more than 0.
     type: float
     default: 2
+  instances:
+    description:
+      - The vLLM instances behind the proxy, as role dcu_vllm exports them (C(dcu_vllm_instances)): each with
+        its C(url), C(unit), C(models) and C(kind). Names each backend's unit in a diagnosis, checks that it
+        serves its own models, and with O(functional_request) sends one request per service.
+      - Without it, the default layout is assumed - every backend serves O(model), unit C(vllm@<index>) with
+        index = port - O(base_port).
+    type: list
+    elements: dict
   base_port:
     description: Port of card 0's vLLM instance; card index = port - base_port (unit C(vllm@<index>)).
     type: int
@@ -126,15 +137,23 @@ backends:
   sample:
     - {url: "http://127.0.0.1:8002", card: 0, unit: "vllm@0", healthy: true, active: 0,
        last_error: null, health: 200, models: ["MiniCPM-V-4.5"], diagnosis: null}
+requests:
+  description: Every functional request's result (one per service with O(instances)), each with its C(model),
+    C(api), C(status), C(backend) and C(latency_s).
+  returned: when O(functional_request) is true
+  type: list
+  elements: dict
 functional:
-  description: The functional request's result.
+  description: The (first) functional request's result.
   returned: when O(functional_request) is true
   type: dict
   sample: {status: 200, backend: "127.0.0.1:8005", finish_reason: "stop", latency_s: 0.41,
            request_id: "a1b2", completion_tokens: 12}
 """
 
+import struct
 import time
+import uuid
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
@@ -156,13 +175,16 @@ def card_of(url, base_port):
         return None
 
 
-def describe_backend(entry, base_port, model, probe):
+def describe_backend(entry, base_port, model, probe, instance=None):
     url = entry.get("url", "")
     card = card_of(url, base_port)
-    unit = "vllm@%s" % card if card is not None else "the unit serving %s" % url
+    if instance:
+        unit, models = instance.get("unit") or "the unit serving %s" % url, list(instance.get("models") or [])
+    else:
+        unit, models = ("vllm@%s" % card if card is not None else "the unit serving %s" % url), [model]
     info = {
-        "url": url, "card": card, "unit": unit, "healthy": bool(entry.get("healthy")),
-        "active": entry.get("active"), "last_error": entry.get("last_error"),
+        "url": url, "card": card if not instance else (instance.get("cards") or [card])[0], "unit": unit,
+        "healthy": bool(entry.get("healthy")), "active": entry.get("active"), "last_error": entry.get("last_error"),
         "health": None, "models": None, "diagnosis": None,
     }
     if probe:
@@ -173,53 +195,111 @@ def describe_backend(entry, base_port, model, probe):
         elif health.status != 200:
             info["diagnosis"] = "engine unhealthy (/health answered %s)" % health.status
         else:
-            models = request(url.rstrip("/") + "/v1/models", timeout=5)
-            names = [m.get("id") for m in ((models.body or {}).get("data") or []) if isinstance(m, dict)]
+            listed = request(url.rstrip("/") + "/v1/models", timeout=5)
+            names = [m.get("id") for m in ((listed.body or {}).get("data") or []) if isinstance(m, dict)]
             info["models"] = names
-            if model not in names:
+            missing = [name for name in models if name not in names]
+            if missing:
                 info["diagnosis"] = "serves %s, not %s — check /etc/dcu-serving/vllm/%s.env" % (
-                    names or "no models", model, card)
+                    names or "no models", ", ".join(missing), unit.split("@", 1)[-1])
     if info["diagnosis"] is None and not info["healthy"]:
         info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
     return info
 
 
-def functional_request(module, url, model, orid, timeout, backends):
-    payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PROBE_PNG}},
-            {"type": "text", "text": "Describe the image in one sentence."},
-        ]}],
-        "max_tokens": 64,
-        "temperature": 0.2,
-        "user": orid,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-    started = time.monotonic()
-    res = request(url.rstrip("/") + "/v1/chat/completions", method="POST", payload=payload, timeout=timeout)
-    out = {"status": res.status, "backend": res.headers.get("X-Backend"),
-           "request_id": res.headers.get("X-Request-Id"), "latency_s": round(time.monotonic() - started, 3)}
-    problem = None
-    if res.status is None:
-        problem = "the request through the proxy failed: %s" % res.error
-    elif res.status != 200:
-        err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
-        message = err.get("message") if isinstance(err, dict) else res.raw[:300]
-        problem = "the request through the proxy answered %s: %s" % (res.status, message)
-    else:
-        choice = ((res.body or {}).get("choices") or [{}])[0]
-        out["finish_reason"] = choice.get("finish_reason")
-        out["completion_tokens"] = ((res.body or {}).get("usage") or {}).get("completion_tokens")
-        content = (choice.get("message") or {}).get("content")
-        known = set(host_port(b["url"]) for b in backends)
-        if not content:
-            problem = "the answer was empty (finish_reason %s)" % out["finish_reason"]
-        elif out["backend"] not in known:
-            problem = "X-Backend %r is not one of the proxy's backends %s" % (out["backend"], sorted(known))
-    if problem:
-        module.fail_json(msg="functional request (orid %s): %s" % (orid, problem), functional=out)
-    return out
+def _wav(seconds=0.5, rate=16000):
+    """A short silent 16-bit mono WAV: the smallest honest audio for a transcription request."""
+    frames = int(seconds * rate)
+    data = b"\x00\x00" * frames
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate,
+            rate * 2, 2, 16) + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def _multipart(fields, file_field, file_name, file_bytes, file_type):
+    boundary = "dcu-serving-%s" % uuid.uuid4().hex
+    parts = []
+    for name, value in fields.items():
+        parts.append(("--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n" % (
+            boundary, name, value)).encode("utf-8"))
+    parts.append(("--%s\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s\"\r\nContent-Type: %s"
+                  "\r\n\r\n" % (boundary, file_field, file_name, file_type)).encode("utf-8") + file_bytes + b"\r\n")
+    parts.append(("--%s--\r\n" % boundary).encode("utf-8"))
+    return b"".join(parts), "multipart/form-data; boundary=%s" % boundary
+
+
+def _chat(model, orid, image):
+    content = [{"type": "text", "text": "Describe the image in one sentence." if image else "Say OK."}]
+    if image:
+        content.insert(0, {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PROBE_PNG}})
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 64,
+            "temperature": 0.2, "user": orid, "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def _answer_problem(api, body):
+    """Why an answer of `api` does not prove the service works, or None."""
+    body = body or {}
+    if api == "chat":
+        choice = (body.get("choices") or [{}])[0]
+        if not (choice.get("message") or {}).get("content"):
+            return "the answer was empty (finish_reason %s)" % choice.get("finish_reason")
+    elif api == "embeddings":
+        if not ((body.get("data") or [{}])[0].get("embedding")):
+            return "the answer holds no embedding"
+    elif api == "rerank":
+        if not body.get("results"):
+            return "the answer ranks no document"
+    elif api == "transcriptions" and "text" not in body:
+        return "the answer holds no text"
+    return None
+
+
+def probe_request(url, kind, model, orid, timeout):
+    """(api, HttpResult) of one real request of the service's kind, through the proxy."""
+    base = url.rstrip("/")
+    if kind in ("embedding",):
+        return "embeddings", request(base + "/v1/embeddings", method="POST", timeout=timeout,
+                                     payload={"model": model, "input": "dcu-serving verify", "user": orid})
+    if kind in ("rerank",):
+        return "rerank", request(base + "/v1/rerank", method="POST", timeout=timeout, payload={
+            "model": model, "query": "DCU card", "documents": ["a DCU card serves models", "bread"], "user": orid})
+    if kind in ("transcription",):
+        body, content_type = _multipart({"model": model, "user": orid, "response_format": "json"},
+                                        "file", "verify.wav", _wav(), "audio/wav")
+        return "transcriptions", request(base + "/v1/audio/transcriptions", method="POST", timeout=timeout,
+                                         data=body, content_type=content_type)
+    return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout,
+                           payload=_chat(model, orid, image=kind != "chat"))
+
+
+def functional_requests(module, url, services, orid, timeout, backends):
+    """One request per (model, kind) in `services`; fails naming the first service that does not answer."""
+    known = set(host_port(b["url"]) for b in backends)
+    results = []
+    for model, kind in services:
+        started = time.monotonic()
+        api, res = probe_request(url, kind, model, orid, timeout)
+        out = {"model": model, "api": api, "status": res.status, "backend": res.headers.get("X-Backend"),
+               "request_id": res.headers.get("X-Request-Id"), "latency_s": round(time.monotonic() - started, 3)}
+        problem = None
+        if res.status is None:
+            problem = "the request through the proxy failed: %s" % res.error
+        elif res.status != 200:
+            err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
+            message = err.get("message") if isinstance(err, dict) else res.raw[:300]
+            problem = "the request through the proxy answered %s: %s" % (res.status, message)
+        else:
+            if api == "chat":
+                choice = ((res.body or {}).get("choices") or [{}])[0]
+                out["finish_reason"] = choice.get("finish_reason")
+                out["completion_tokens"] = ((res.body or {}).get("usage") or {}).get("completion_tokens")
+            problem = _answer_problem(api, res.body)
+            if problem is None and out["backend"] not in known:
+                problem = "X-Backend %r is not one of the proxy's backends %s" % (out["backend"], sorted(known))
+        if problem:
+            module.fail_json(msg="functional request (%s %s, orid %s): %s" % (api, model, orid, problem),
+                             functional=out, requests=[*results, out])
+        results.append(out)
+    return results
 
 
 def argument_problem(p):
@@ -252,6 +332,7 @@ def main():
             interval=dict(type="float", default=2),
             base_port=dict(type="int", default=8002),
             check_backends=dict(type="bool", default=False),
+            instances=dict(type="list", elements="dict"),
             model=dict(type="str", default="MiniCPM-V-4.5"),
             functional_request=dict(type="bool", default=False),
             orid=dict(type="str", default="cluster-health"),
@@ -287,11 +368,13 @@ def main():
             healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[])
 
     probe = p["check_backends"] or healthy < expected
-    backends = [describe_backend(b, p["base_port"], p["model"], probe) for b in body.get("backends", [])]
+    by_url = dict((str(i.get("url", "")).rstrip("/"), i) for i in p["instances"] or [])
+    backends = [describe_backend(b, p["base_port"], p["model"], probe, by_url.get(str(b.get("url", "")).rstrip("/")))
+                for b in body.get("backends", [])]
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
-    problems = ["card %s: %s — journalctl -u %s" % (b["card"], b["diagnosis"], b["unit"])
-                for b in backends if b["diagnosis"]]
+    problems = ["%s: %s — journalctl -u %s" % ("card %s" % b["card"] if not by_url else b["unit"], b["diagnosis"],
+                                                b["unit"]) for b in backends if b["diagnosis"]]
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
                         % (total, expected))
@@ -299,8 +382,13 @@ def main():
         module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
             healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)
     if p["functional_request"]:
-        result["functional"] = functional_request(
-            module, url, p["model"], p["orid"], p["request_timeout"], backends)
+        services = []
+        for instance in p["instances"] or [{"models": [p["model"]], "kind": "vision"}]:
+            service = ((instance.get("models") or [p["model"]])[0], instance.get("kind") or "vision")
+            if service not in services:
+                services.append(service)
+        result["requests"] = functional_requests(module, url, services, p["orid"], p["request_timeout"], backends)
+        result["functional"] = result["requests"][0]
     module.exit_json(**result)
 
 
