@@ -59,7 +59,7 @@ options:
     default: 2
   instances:
     description:
-      - The vLLM instances behind the proxy, as role dcu_vllm exports them (C(dcu_vllm_instances)): each with
+      - The vLLM instances behind the proxy, as role dcu_vllm exports them in C(dcu_vllm_instances), each with
         its C(url), C(unit), C(models) and C(kind). Names each backend's unit in a diagnosis, checks that it
         serves its own models, and with O(functional_request) sends one request per service.
       - Without it, the default layout is assumed - every backend serves O(model), unit C(vllm@<index>) with
