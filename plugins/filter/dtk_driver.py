@@ -39,9 +39,10 @@ def dtk_driver_check(image_dtk, host_driver_version, host_dtk_version=None, imag
                             "dtk.version is empty). Fix: install the DTK with playbooks/drivers.yml, or set the "
                             "service's runtime to bundled if the image carries its own.".format(image))
         elif built and built != mounted:
-            problems.append("image {} was built on DTK {}, but runtime host mounts the host's DTK {} over it. Fix: "
-                            "use an image built on DTK {}, or set the service's runtime to bundled (the image's own "
-                            "DTK, nothing of the host's mounted).".format(image, built, mounted, mounted))
+            problems.append("image {image} was built on DTK {built}, but runtime host mounts the host's DTK "
+                            "{mounted} over it. Fix: use an image built on DTK {mounted}, or set the service's runtime "
+                            "to bundled (the image's own DTK, nothing of the host's mounted).".format(
+                                image=image, built=built, mounted=mounted))
     driver = str(host_driver_version).strip() if host_driver_version else ""
     checks = [("image {} (DTK {})".format(image, dtk_driver.dtk_version(image_dtk) or "?"), image_dtk, True)]
     if host_dtk_version and dtk_driver.dtk_version(host_dtk_version) != dtk_driver.dtk_version(image_dtk):

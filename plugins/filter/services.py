@@ -318,9 +318,10 @@ def _expand(services, cards, defaults):
             continue
         if len(indexes) % replicas:
             fitting = [r for r in range(1, len(indexes) + 1) if len(indexes) % r == 0]
-            problems.append("{}: {} cards do not split into {} replicas (tensor parallel = cards / replicas): "
-                            "use replicas {} or give it a multiple of {} cards".format(
-                                label, len(indexes), replicas, ", ".join(str(r) for r in fitting), replicas))
+            problems.append("{label}: {cards} cards do not split into {replicas} replicas (tensor parallel = cards / "
+                            "replicas): use replicas {fitting} or give it a multiple of {replicas} cards".format(
+                                label=label, cards=len(indexes), replicas=replicas,
+                                fitting=", ".join(str(r) for r in fitting)))
             continue
         tp = len(indexes) // replicas
         for replica in range(replicas):

@@ -110,9 +110,10 @@ def vllm_model_problems(instances, model_infos, card_count=8):
         kv_heads = info.get("num_key_value_heads")
         choices = ", ".join(str(t) for t in _tp_choices(heads or 0, kv_heads, card_count)) if heads else ""
         if heads and heads % tp:
-            problems.append("{}: Total number of attention heads ({}) must be divisible by tensor parallel size "
-                            "({}). Fix: give each replica a number of cards that divides {} ({})".format(
-                                label, heads, tp, heads, choices))
+            problems.append("{label}: Total number of attention heads ({heads}) must be divisible by tensor "
+                            "parallel size ({tp}). Fix: give each replica a number of cards that divides {heads} "
+                            "({choices})".format(
+                                label=label, heads=heads, tp=tp, choices=choices))
         elif kv_heads and not _kv_divides(kv_heads, tp):
             problems.append("{}: the model's {} KV heads and tensor parallel size {} do not divide one another "
                             "(vLLM's attention layers assert it). Fix: give each replica {} cards".format(
@@ -120,9 +121,9 @@ def vllm_model_problems(instances, model_infos, card_count=8):
         limit = info.get("max_model_len_limit") or info.get("max_position_embeddings")
         wanted = instance.get("max_model_len")
         if limit and wanted and int(wanted) > int(limit):
-            problems.append("{}: User-specified max_model_len ({}) is greater than the derived max_model_len "
-                            "({}), vLLM refuses to start. Fix: set max_model_len to {} or less".format(
-                                label, wanted, limit, limit))
+            problems.append("{label}: User-specified max_model_len ({wanted}) is greater than the derived "
+                            "max_model_len ({limit}), vLLM refuses to start. Fix: set max_model_len to {limit} or "
+                            "less".format(label=label, wanted=wanted, limit=limit))
     return problems
 
 
@@ -210,7 +211,7 @@ def _advice(instance, numbers, margin, have, vram, utilization, card_count):
     for tp in range(numbers["tp"] + 1, card_count + 1):
         if heads and heads % tp == 0 and _kv_divides(kv_heads, tp) and \
                 _need(numbers, _margin(instance, numbers["all_weights"] / tp, margin), tp=tp) <= have:
-            options.append("use tensor parallel {} ({} cards per replica)".format(tp, tp))
+            options.append("use tensor parallel {tp} ({tp} cards per replica)".format(tp=tp))
             break
     if not instance.get("quantization") and not numbers.get("quantized"):
         quarter = numbers["all_weights"] * 0.3  # 4-bit AWQ/GPTQ weights with their scales

@@ -61,7 +61,7 @@ def read_sums(bundle):
         raise
     sums = {}
     for line in text.splitlines():
-        digest, _, name = line.partition("  ")
+        digest, name = line.partition("  ")[::2]
         if name:
             sums[name.lstrip("*")] = digest
     return sums

@@ -1,6 +1,8 @@
 #!/usr/bin/python
+# -*- coding: utf-8 -*-
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 DOCUMENTATION = r"""
 ---
@@ -17,13 +19,13 @@ description:
     and C(dcu-bundle), so a re-run does not re-read multi-GB image tarballs that did not change.
   - Run it where the bundle is, usually the controller (a play on C(localhost), or C(delegate_to=localhost)).
 author:
-  - dcu-serving contributors
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 options:
   path:

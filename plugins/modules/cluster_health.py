@@ -373,8 +373,9 @@ def main():
                 for b in body.get("backends", [])]
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
-    problems = ["%s: %s — journalctl -u %s" % ("card %s" % b["card"] if not by_url else b["unit"], b["diagnosis"],
-                                                b["unit"]) for b in backends if b["diagnosis"]]
+    problems = ["%s: %s — journalctl -u %s" % (b["unit"] if by_url else "card %s" % b["card"], b["diagnosis"],
+                                                b["unit"])
+                for b in backends if b["diagnosis"]]
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
                         % (total, expected))

@@ -55,19 +55,37 @@ def test_each_card_gets_its_own_nodes_and_the_shared_ones():
             "--device=/dev/kfd", "--device=/dev/mkfd", "--group-add=44", "--group-add=992",
             # sorted without regard to case, as Jinja's sort did
             "--env=do_not_track", "--env=HF_HUB_OFFLINE", "--env=TRANSFORMERS_OFFLINE",
-            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT"],
+            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT",
+            # runtime host (the default): the host's hyhal where images look for it
+            "--volume=/opt/hyhal:/opt/hyhal:ro"],
         1: ["--device=/dev/dri/card2", "--device=/dev/dri/renderD129",
             "--device=/dev/kfd", "--device=/dev/mkfd", "--group-add=44", "--group-add=992",
             "--env=do_not_track", "--env=HF_HUB_OFFLINE", "--env=TRANSFORMERS_OFFLINE",
-            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT"],
+            "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT", "--volume=/opt/hyhal:/opt/hyhal:ro"],
     }
 
 
 def test_root_owned_nodes_add_no_group_and_mkfd_only_where_it_exists():
     nodes = vllm_device_nodes(["/dev/kfd 0 root", "/dev/dri/card1 0 root", "/dev/dri/renderD128 0 root"])
     assert vllm_run_options(INSTANCES[:1], nodes, {}) == {
-        0: ["--device=/dev/dri/card1", "--device=/dev/dri/renderD128", "--device=/dev/kfd", "--env=VLLM_PORT"],
+        0: ["--device=/dev/dri/card1", "--device=/dev/dri/renderD128", "--device=/dev/kfd", "--env=VLLM_PORT",
+            "--volume=/opt/hyhal:/opt/hyhal:ro"],
     }
+
+
+def test_a_service_instance_gets_all_its_cards_its_model_and_only_its_runtimes_mounts():
+    chat = {"name": "chat-0", "card_nodes": ["/dev/dri/card1", "/dev/dri/card2"],
+            "render_nodes": ["/dev/dri/renderD128", "/dev/dri/renderD129"], "model_dir": "/srv/models/qwen",
+            "runtime": "host", "env": {"HF_HUB_OFFLINE": "1"}}
+    bundled = dict(chat, name="embed-0", runtime="bundled", card_nodes=["/dev/dri/card1"],
+                   render_nodes=["/dev/dri/renderD128"])
+    options = vllm_run_options([chat, bundled], NODES, hyhal_dir="/usr/local/hyhal", dtk_dir="/opt/dtk")
+    assert options["chat-0"][:4] == ["--device=/dev/dri/card1", "--device=/dev/dri/card2",
+                                     "--device=/dev/dri/renderD128", "--device=/dev/dri/renderD129"]
+    assert options["chat-0"][-3:] == ["--volume=/srv/models/qwen:/srv/models/qwen:ro",
+                                      "--volume=/usr/local/hyhal:/opt/hyhal:ro", "--volume=/opt/dtk:/opt/dtk:ro"]
+    assert "--env=HF_HUB_OFFLINE" in options["chat-0"]
+    assert options["embed-0"][-1] == "--volume=/srv/models/qwen:/srv/models/qwen:ro", "nothing of the host's runtime"
 
 
 def test_visible_devices_passes_all_of_dri():
