@@ -373,9 +373,11 @@ def main():
                 for b in body.get("backends", [])]
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
-    problems = ["%s: %s — journalctl -u %s" % (b["unit"] if by_url else "card %s" % b["card"], b["diagnosis"],
-                                                b["unit"])
-                for b in backends if b["diagnosis"]]
+    problems = []
+    for b in backends:
+        if b["diagnosis"]:
+            where = b["unit"] if by_url else "card %s" % b["card"]
+            problems.append("%s: %s — journalctl -u %s" % (where, b["diagnosis"], b["unit"]))
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
                         % (total, expected))
