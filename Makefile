@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint sanity-compat changelog unit unit-docker molecule compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,7 +41,7 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	rm -f changelogs/.plugin-cache.yaml
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
-	$(BIN)/pytest -q -m "not docker"
+	$(BIN)/pytest -q -m "not docker" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
@@ -60,16 +60,16 @@ bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (pl
 	tools/build-proxy-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
-molecule: venv images bundle  ## every molecule scenario
-	set -e; for s in $$(ls molecule); do \
-	  [ -f molecule/$$s/molecule.yml ] || continue; \
-	  echo "== molecule test -s $$s"; $(BIN)/molecule test -s $$s; \
-	done
+molecule: venv images bundle  ## every molecule scenario, two at a time (logs in build/molecule/)
+	tools/molecule-scenarios
+
+integration: venv images bundle  ## every molecule scenario and the compat check, two at a time
+	tools/molecule-scenarios $$(ls molecule | grep -vx _shared) compat
 
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker molecule compat  ## everything CI runs, cheapest first
+test: lint unit unit-docker integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import yaml
@@ -40,6 +41,9 @@ def test_build_holds_every_kind_with_sums_and_image_identity(build, manifest, tm
     inspected = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tiny_image],
                                capture_output=True, text=True, check=True).stdout.strip()
     assert image["refs"] == [tiny_image] and image["config_digest"] == inspected
+    # saved gzipped (a third of the bytes to stage), still the archive docker load reads
+    with tarfile.open(bundle / image["file"], "r:gz") as archive:
+        assert "manifest.json" in archive.getnames()
     # SHA256SUMS is what sha256sum -c reads
     check = subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=bundle,
                            capture_output=True, text=True, check=False)

@@ -96,8 +96,10 @@ def _list(d: dict, key: str, where: str, errors: list) -> list:
 
 
 def image_file(ref: str) -> str:
-    """images/<repository path with / as _>_<tag>.tar — readable and unique per ref."""
-    return "images/" + re.sub(r"[^A-Za-z0-9._-]+", "_", ref) + ".tar"
+    """images/<repository path with / as _>_<tag>.tar.gz — readable and unique per ref. Gzipped: a saved image is
+    mostly Python and shared libraries, a third of its size compressed, so staging copies and hashes a third
+    (docker load reads gzip as it is)."""
+    return "images/" + re.sub(r"[^A-Za-z0-9._-]+", "_", ref) + ".tar.gz"
 
 
 def parse(data: dict) -> Manifest:
