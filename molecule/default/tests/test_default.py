@@ -109,7 +109,7 @@ def test_a_missing_model_fails_before_anything_changes(host, run_playbook, recap
     assert rc != 0
     assert "/srv/models/absent does not exist" in out and "weights never ship in the bundle" in out
     assert recap(out, "node")["changed"] == 0
-    assert host.file("/etc/systemd/system/vllm@.service").contains("/srv/models/MiniCPM-V-4.5")
+    assert host.file("/etc/dcu-serving/vllm/0.env").contains("^DCU_VLLM_MODEL_DIR=/srv/models/MiniCPM-V-4.5$")
     assert unit(host, "vllm@0", "ExecMainStartTimestampMonotonic") == started
 
 
