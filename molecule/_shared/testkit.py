@@ -62,3 +62,62 @@ def recap_fixture():
 def dcu_module():
     """dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=...) -> the module's result."""
     return module
+
+
+# The serving scenarios' helpers (default, platform, airgap).
+RESULTS = "/var/log/dcu-serving/results.jsonl"
+
+
+def results_line(host, orid: str, path: str = RESULTS) -> dict:
+    """The results-log record of orid (the log is written by a thread: poll for it)."""
+    from support import wait_until  # tests/support.py, on pytest's pythonpath
+
+    def find():
+        for line in host.file(path).content_string.splitlines():
+            record = json.loads(line)
+            if record.get("orid") == orid:
+                return record
+        return None
+    return wait_until(find, 10, interval=0.2, what=f"the line of orid {orid} in {path}")
+
+
+def unit_property(host, unit: str, prop: str) -> str:
+    return host.check_output(f"systemctl show --property={prop} --value {unit}")
+
+
+@pytest.fixture(scope="session")
+def node_name():
+    return f"dcu-mol-{os.environ['MOLECULE_SCENARIO_NAME']}-node"
+
+
+@pytest.fixture(scope="session")
+def proxy_url(node_name):
+    """The proxy as a business caller reaches it: the node's address, port 8000."""
+    address = subprocess.run(["docker", "inspect", "--format", "{{.NetworkSettings.IPAddress}}", node_name],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert address, f"{node_name} has no address on Docker's bridge"
+    return f"http://{address}:8000"
+
+
+@pytest.fixture
+def image_file(tmp_path):
+    """A small real PNG (a receipt-like white page with a dark bar)."""
+    from PIL import Image, ImageDraw
+
+    path = tmp_path / "page.png"
+    page = Image.new("RGB", (320, 240), "white")
+    ImageDraw.Draw(page).rectangle((20, 20, 300, 60), fill="black")
+    page.save(path)
+    return path
+
+
+@pytest.fixture(name="run_playbook", scope="session")
+def run_playbook_fixture():
+    """run_playbook("serving.yml", "--check", extra_vars={...}) -> (rc, output)."""
+    return run_playbook
+
+
+@pytest.fixture(name="unit", scope="session")
+def unit_fixture():
+    """unit(host, "vllm@5", "NRestarts") -> a systemd property of the unit."""
+    return unit_property

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from support import wait_until
+from testkit import results_line  # noqa: F401  (the tests take it from here with the calls)
 
-RESULTS = "/var/log/dcu-serving/results.jsonl"
 BACKENDS = {"127.0.0.1:8002", "127.0.0.1:8003"}
 CALL = """
 import json, sys, urllib.request
@@ -26,17 +25,6 @@ def call(host, orid: str) -> dict:
     out = host.run(f"python3 -c {shlex.quote(CALL)} {shlex.quote(orid)}")
     assert out.rc == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def results_line(host, orid: str) -> dict:
-    """The results-log record of orid (the log is written by a thread: poll for it)."""
-    def find():
-        for line in host.file(RESULTS).content_string.splitlines():
-            record = json.loads(line)
-            if record.get("orid") == orid:
-                return record
-        return None
-    return wait_until(find, 10, interval=0.2, what=f"the line of orid {orid} in {RESULTS}")
 
 
 def main_pid(host) -> str:

@@ -10,6 +10,7 @@ import uuid
 
 import requests
 import yaml
+from testkit import RESULTS, results_line
 
 from dcu_serving.client import Client
 from support import wait_until
@@ -17,19 +18,7 @@ from support import wait_until
 testinfra_hosts = ["node"]
 CARDS = 8
 BACKENDS = [f"http://127.0.0.1:{8002 + card}" for card in range(CARDS)]
-RESULTS = "/var/log/dcu-serving/results.jsonl"
 MODEL = "MiniCPM-V-4.5"
-
-
-def results_line(host, orid: str, path: str = RESULTS):
-    """The results-log record of orid (the log is written by a thread: poll for it)."""
-    def find():
-        for line in host.file(path).content_string.splitlines():
-            record = json.loads(line)
-            if record.get("orid") == orid:
-                return record
-        return None
-    return wait_until(find, 10, interval=0.2, what=f"the line of orid {orid} in {path}")
 
 
 def test_one_instance_per_card_each_with_only_its_own_card(host):

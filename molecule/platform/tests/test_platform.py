@@ -15,26 +15,14 @@ import requests
 import yaml
 from openai import OpenAI
 from PIL import Image
-
-from support import wait_until
+from testkit import results_line
 
 testinfra_hosts = ["node"]
-RESULTS = "/var/log/dcu-serving/results.jsonl"
 UNITS = ["vllm@chat-0", "vllm@vision-0", "vllm@vision-1", "vllm@vision-2", "vllm@vision-3", "vllm@embed-0",
          "vllm@rerank-0"]
 MODELS = {"Qwen2.5-14B-Instruct": "chat", "MiniCPM-V-4.5": "vision", "bge-m3": "embedding",
           "bge-reranker-v2-m3": "rerank"}
 VISION_BACKENDS = {f"127.0.0.1:{port}" for port in range(8004, 8008)}
-
-
-def results_line(host, orid: str):
-    def find():
-        for line in host.file(RESULTS).content_string.splitlines():
-            record = json.loads(line)
-            if record.get("orid") == orid:
-                return record
-        return None
-    return wait_until(find, 10, interval=0.2, what=f"the results line of orid {orid}")
 
 
 def png_uri() -> str:
@@ -71,6 +59,7 @@ def test_the_proxy_groups_its_backends_by_model(proxy_url):
 
 
 def test_chat_and_embeddings_through_the_openai_sdk(host, proxy_url):
+    # "unused" is no secret: the proxy takes no key, the SDK insists on one
     client = OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", timeout=60)
     orid = f"mol-chat-{uuid.uuid4().hex[:8]}"
     raw = client.chat.completions.with_raw_response.create(
