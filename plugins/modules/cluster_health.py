@@ -153,10 +153,10 @@ functional:
 
 import struct
 import time
-import uuid
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import prepare_multipart
 
 from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
 
@@ -215,18 +215,6 @@ def _wav(seconds=0.5, rate=16000):
             rate * 2, 2, 16) + b"data" + struct.pack("<I", len(data)) + data)
 
 
-def _multipart(fields, file_field, file_name, file_bytes, file_type):
-    boundary = "dcu-serving-%s" % uuid.uuid4().hex
-    parts = []
-    for name, value in fields.items():
-        parts.append(("--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n" % (
-            boundary, name, value)).encode("utf-8"))
-    parts.append(("--%s\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s\"\r\nContent-Type: %s"
-                  "\r\n\r\n" % (boundary, file_field, file_name, file_type)).encode("utf-8") + file_bytes + b"\r\n")
-    parts.append(("--%s--\r\n" % boundary).encode("utf-8"))
-    return b"".join(parts), "multipart/form-data; boundary=%s" % boundary
-
-
 def _chat(model, orid, image):
     content = [{"type": "text", "text": "Describe the image in one sentence." if image else "Say OK."}]
     if image:
@@ -256,15 +244,15 @@ def _answer_problem(api, body):
 def probe_request(url, kind, model, orid, timeout):
     """(api, HttpResult) of one real request of the service's kind, through the proxy."""
     base = url.rstrip("/")
-    if kind in ("embedding",):
+    if kind == "embedding":
         return "embeddings", request(base + "/v1/embeddings", method="POST", timeout=timeout,
                                      payload={"model": model, "input": "dcu-serving verify", "user": orid})
-    if kind in ("rerank",):
+    if kind == "rerank":
         return "rerank", request(base + "/v1/rerank", method="POST", timeout=timeout, payload={
             "model": model, "query": "DCU card", "documents": ["a DCU card serves models", "bread"], "user": orid})
-    if kind in ("transcription",):
-        body, content_type = _multipart({"model": model, "user": orid, "response_format": "json"},
-                                        "file", "verify.wav", _wav(), "audio/wav")
+    if kind == "transcription":
+        content_type, body = prepare_multipart({"model": model, "user": orid, "response_format": "json", "file": {
+            "filename": "verify.wav", "content": _wav(), "mime_type": "audio/wav"}})
         return "transcriptions", request(base + "/v1/audio/transcriptions", method="POST", timeout=timeout,
                                          data=body, content_type=content_type)
     return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout,

@@ -119,3 +119,12 @@ def test_whisper_serves_no_chat_and_a_chat_model_no_transcription(whisper, sim):
     assert other.status_code == 200
     assert other.json()["error"] == {"message": "The model does not support Transcriptions API",
                                      "type": "BadRequestError", "param": None, "code": 400}
+
+
+def test_cluster_healths_transcription_probe_is_a_form_the_server_transcribes(whisper):
+    """verify's functional request for a speech service (cluster_health) is a multipart form vLLM accepts."""
+    from ansible_collections.dcu.serving.plugins.modules import cluster_health
+
+    api, result = cluster_health.probe_request(whisper.url, "transcription", NAME, "verify-orid", timeout=30)
+    assert (api, result.status) == ("transcriptions", 200), result.raw
+    assert cluster_health._answer_problem(api, result.body) is None, result.body
