@@ -96,7 +96,7 @@ options:
             with its output, and leaves the old file.
         type: str
       return_previous:
-        description: Return the file's content before a change as RV(files.previous) (for example to compare
+        description: Return the file's content before this call as RV(files.previous) (for example to compare
           the old and new settings of a service).
         type: bool
         default: false
@@ -157,7 +157,7 @@ files:
       description: Whether the content changed (or would).
       type: bool
     previous:
-      description: The content before the change, with O(files[].return_previous) and when the content changed.
+      description: The content the file had before this call, with O(files[].return_previous) and when it existed.
       type: str
   sample: {"/etc/dcu-serving/vllm/0.env": {"changed": false, "created": false, "content_changed": false}}
 directories:
@@ -248,10 +248,10 @@ def _file(module, spec, diffs):
     if spec.get("content") is None:
         module.fail_json(msg="files: %s has no content (give content, or state: touch)" % path)
     new = to_bytes(spec["content"], errors="surrogate_or_strict")
+    if spec.get("return_previous") and old is not None:
+        result["previous"] = to_text(old, errors="surrogate_or_strict")
     if old != new:
         result.update(changed=True, content_changed=True)
-        if spec.get("return_previous") and old is not None:
-            result["previous"] = to_text(old, errors="surrogate_or_strict")
         if module._diff:
             hidden = spec.get("no_log")
             diffs.append({"before_header": path, "after_header": path,
