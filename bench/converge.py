@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """What a re-run costs on a converged node, and how fast a cold start reaches 8/8. Three measures:
 
-  1  site.yml a second time on the converged node: wall time, and changed must be 0.
+  1  site.yml a second time on the converged node: wall time, and changed must be 0; beside it the tasks that
+     ran and the module calls that reached the host. With --baseline REF, the same playbook of another commit
+     (`git archive REF`, its own collection) runs in turn with this tree's on the same node, --rounds times
+     each, so before and after are measured side by side in one run (target: <= 20 s).
   2  the dcu_images role (every task: the staged file's check and the load) when the engine already
      holds a 2 GB image: with the checksum cache (target < 2 s) and, side by side, with the cache
      removed (the tarball's SHA-256 read in full).
@@ -11,7 +14,7 @@
 Runs against a node provisioned by `make demo` (default) or any inventory host that is a Docker
 container (--container names it; the 2 GB tarball is copied in with `docker cp`):
 
-    make demo && .venv/bin/python bench/converge.py [--image-gb 2] [--skip-image]
+    make demo && .venv/bin/python bench/converge.py [--image-gb 2] [--skip-image] [--baseline REF --rounds 2]
 
 Timing figures are only meaningful on an otherwise quiet machine.
 """
@@ -33,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "molecule" / "_shared"))
 from testkit import recap  # noqa: E402 - the PLAY RECAP parser the molecule checks use
 
-BIN = REPO / ".venv" / "bin"
+BIN = Path(sys.executable).parent  # the venv this runs in (.venv/bin/python bench/converge.py)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
 STAGE = "/var/lib/dcu-serving/bench-bundle"
 CACHE = "/var/cache/dcu-serving/sha256-cache.json"
@@ -50,19 +53,92 @@ def node(container: str, *cmd: str) -> str:
     return done.stdout.strip()
 
 
+# Actions that run on the controller only: no module call reaches the host.
+CONTROLLER_ACTIONS = {"set_fact", "assert", "debug", "include_tasks", "include_role", "import_tasks", "include_vars",
+                      "validate_argument_spec", "fail", "meta", "gather_facts_skipped"}
+# Actions whose plugin calls two modules on the host when nothing changes (stat for the sum, then file).
+TWO_CALLS = {"template", "copy"}
+
+
+def module_calls(result: dict) -> int:
+    """Module calls one task sent to the host (loop items each count; skipped ones do not)."""
+    action = result.get("action", "").rsplit(".", 1)[-1]
+    if action in CONTROLLER_ACTIONS:
+        return 0
+    items = [r for r in result.get("results", [result]) if not r.get("skipped")]
+    return len(items) * (2 if action in TWO_CALLS else 1)
+
+
+def site_once(args, tree: Path) -> dict:
+    """site.yml of `tree` against the host, timed: wall seconds, the recap and the module calls to the host."""
+    env = dict(ENV, ANSIBLE_CONFIG=str(tree / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    inventory = str(Path(args.inventory).resolve())
+    started = time.monotonic()
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", inventory, "playbooks/site.yml", "-l", args.host],
+                          capture_output=True, text=True, env=env, cwd=tree)
+    wall = time.monotonic() - started
+    try:
+        report = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"site.yml of {tree} printed no JSON (exit {done.returncode}):\n"
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}") from None
+    stats = report["stats"].get(args.host, {})
+    tasks = calls = 0
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            result = task["hosts"].get(args.host)
+            if result is None:
+                continue
+            tasks += 1
+            calls += module_calls(result)
+    return {"wall": wall, "rc": done.returncode, "ok": stats.get("ok"), "changed": stats.get("changed"),
+            "skipped": stats.get("skipped"), "failed": stats.get("failures"), "tasks": tasks, "calls": calls}
+
+
+def baseline_tree(ref: str, dest: Path) -> Path:
+    """`git archive REF` unpacked, with its collection linked the way `make venv` links the checkout's."""
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], capture_output=True, cwd=REPO)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {ref}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    link = dest / ".collections" / "ansible_collections" / "dcu"
+    link.mkdir(parents=True)
+    (link / "serving").symlink_to("../../..")
+    return dest
+
+
 def site_rerun(args) -> None:
     print("1  site.yml on the converged node")
     argv = [str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/site.yml", "-l", args.host]
     first = run(argv)
     if first.returncode != 0:
         raise SystemExit(f"site.yml failed on {args.host}; converge it first (make demo):\n{first.stdout[-3000:]}")
-    started = time.monotonic()
-    second = run(argv)
-    wall = time.monotonic() - started
-    counts = recap(second.stdout, args.host)
-    verdict = "ok" if second.returncode == 0 and counts.get("changed") == 0 else "FAIL"
-    print(f"   second run: {wall:6.1f} s wall, ok={counts.get('ok')} changed={counts.get('changed')} "
-          f"failed={counts.get('failed')}  [{verdict}: changed must be 0]")
+    with tempfile.TemporaryDirectory(prefix="dcu-bench-baseline.") as tmp:
+        trees = [("this tree", REPO)]
+        if args.baseline:
+            commit = run(["git", "rev-parse", "--short", args.baseline]).stdout.strip()
+            trees.insert(0, (f"baseline {args.baseline} ({commit})", baseline_tree(args.baseline, Path(tmp))))
+        runs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+        for round_ in range(args.rounds):
+            for name, tree in trees:  # in turn, so both see the same machine
+                result = site_once(args, tree)
+                runs[name].append(result)
+                verdict = "ok" if result["rc"] == 0 and result["changed"] == 0 else "FAIL: changed must be 0"
+                print(f"   round {round_ + 1}  {name:32} {result['wall']:6.1f} s wall  tasks {result['tasks']:3}"
+                      f" (ok={result['ok']} changed={result['changed']} skipped={result['skipped']})"
+                      f"  module calls to the host {result['calls']:3}  [{verdict}]", flush=True)
+        print("   median of the rounds:")
+        best = {}
+        for name, _ in trees:
+            walls = sorted(r["wall"] for r in runs[name])
+            best[name] = walls[len(walls) // 2]
+            last = runs[name][-1]
+            print(f"     {name:32} {best[name]:6.1f} s  tasks {last['tasks']:3}  module calls {last['calls']:3}"
+                  f"  [{'ok' if best[name] <= 20 else 'over'}: target <= 20 s]")
+        if args.baseline:
+            (base, _), (this, _) = trees
+            print(f"   this tree / baseline: {best[this] / best[base]:.2f}x the time, "
+                  f"{runs[this][-1]['calls']} / {runs[base][-1]['calls']} module calls")
 
 
 def image_task_seconds(args, playbook: Path) -> tuple[float, float, dict]:
@@ -180,6 +256,8 @@ def main() -> int:
     parser.add_argument("--host", default="dcu-demo", help="inventory host")
     parser.add_argument("--container", default="dcu-demo", help="the host's Docker container")
     parser.add_argument("--image-gb", type=float, default=2.0)
+    parser.add_argument("--baseline", metavar="REF", help="also run site.yml of this commit, in turn (before/after)")
+    parser.add_argument("--rounds", type=int, default=1, help="no-op runs of each tree (the median is compared)")
     for part in ("site", "image", "start"):
         parser.add_argument(f"--skip-{part}", action="store_true")
     args = parser.parse_args()
