@@ -101,6 +101,7 @@ def baseline_tree(ref: str, dest: Path) -> Path:
     if archive.returncode != 0:
         raise SystemExit(f"git archive {ref}: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    (dest / "build").symlink_to(REPO / "build")  # the bundle and vendor files the inventory points at
     link = dest / ".collections" / "ansible_collections" / "dcu"
     link.mkdir(parents=True)
     (link / "serving").symlink_to("../../..")
