@@ -150,8 +150,8 @@ def main():
     if actual != expected:
         os.unlink(partial)
         shutil.rmtree(parts, ignore_errors=True)
-        module.fail_json(msg="{}: joined chunks have sha256 {}, expected {}; stage again".format(name, actual, expected),
-                         **result)
+        module.fail_json(msg="{}: joined chunks have sha256 {}, expected {}; stage again".format(
+            name, actual, expected), **result)
     module.set_mode_if_different(partial, params["mode"], False)
     os.rename(partial, dest)
     cache_path = default_cache_path() if params["cache"] is None else params["cache"] or None
