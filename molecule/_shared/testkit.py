@@ -4,9 +4,11 @@ imports the fixtures at the end (`recap`, `dcu_module`) to offer them to its tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -15,16 +17,63 @@ import pytest
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
 
 
-def run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, timeout: int = 900):
-    """ansible-playbook playbooks/<playbook> against the scenario's inventory; returns (rc, output)."""
+def _playbook(playbook: str, args, extra_vars: dict | None, env: dict | None):
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     argv = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", str(inventory),
             str(PROJECT / "playbooks" / playbook), *args]
     if extra_vars:
         argv += ["-e", json.dumps(extra_vars)]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               **(env or {}))
+    return argv, env
+
+
+def run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, timeout: int = 900,
+                 env: dict | None = None):
+    """ansible-playbook playbooks/<playbook> against the scenario's inventory; returns (rc, output).
+    env adds to the environment (ANSIBLE_STDOUT_CALLBACK=ansible.posix.json: the output is JSON)."""
+    argv, env = _playbook(playbook, args, extra_vars, env)
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=PROJECT)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def start_playbook(playbook: str, *args: str, extra_vars: dict | None = None, env: dict | None = None):
+    """run_playbook without waiting: the Popen of ansible-playbook in its own session (interrupt it with
+    kill_playbook); its output is discarded."""
+    argv, env = _playbook(playbook, args, extra_vars, env)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=PROJECT,
+                            start_new_session=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_playbook(proc) -> None:
+    """SIGKILL a running ansible-playbook and everything it started. Its process group is not enough: each
+    worker (one task on one host, a whole loop included) calls setsid, and would go on copying after its parent
+    died. The playbook is stopped first so that it starts no worker while they are collected."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    groups = {proc.pid}
+    for pid in _descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait()
 
 
 def recap(output: str, host: str) -> dict:
@@ -115,6 +164,18 @@ def image_file(tmp_path):
 def run_playbook_fixture():
     """run_playbook("serving.yml", "--check", extra_vars={...}) -> (rc, output)."""
     return run_playbook
+
+
+@pytest.fixture(name="start_playbook", scope="session")
+def start_playbook_fixture():
+    """start_playbook("stage.yml", extra_vars={...}) -> the running ansible-playbook (Popen, own process group)."""
+    return start_playbook
+
+
+@pytest.fixture(name="kill_playbook", scope="session")
+def kill_playbook_fixture():
+    """kill_playbook(proc): SIGKILL a playbook from start_playbook and every process it started."""
+    return kill_playbook
 
 
 @pytest.fixture(name="unit", scope="session")

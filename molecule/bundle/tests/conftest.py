@@ -1,0 +1,14 @@
+"""Helpers for the bundle scenario: playbooks as an operator runs them (molecule/_shared/testkit.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+from testkit import (  # noqa: F401  (molecule/_shared, put on the path above: fixtures for the tests)
+    kill_playbook_fixture,
+    node_name,
+    run_playbook_fixture,
+    start_playbook_fixture,
+)
