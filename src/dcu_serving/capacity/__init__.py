@@ -1,0 +1,1 @@
+"""Capacity: load curves of a serving entrance (dcu-benchmark), measured with aiperf."""
