@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv loadgen capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,6 +21,23 @@ $(BIN)/.stamp: requirements/constraints.txt requirements/dev.txt pyproject.toml
 	touch $@
 
 venv: $(BIN)/.stamp  ## create .venv with the pinned toolchain and dcu-serving (editable)
+
+# The load generator's own venv: aiperf drags in ~140 packages (1.2 GB) the dev venv does not need. Its wheels,
+# each checked against its hash, go to a wheelhouse beside the bundle first; the venv is built from it offline,
+# as playbooks/benchmark.yml builds it on a machine without internet.
+LOADGEN := build/loadgen-venv
+LOADGEN_WHEELS := build/loadgen-wheels
+$(LOADGEN)/.stamp: requirements/benchmark.txt pyproject.toml
+	$(BIN)/pip download -q --require-hashes --only-binary :all: -r requirements/benchmark.txt -d $(LOADGEN_WHEELS)
+	rm -rf $(LOADGEN) && $(PY) -m venv $(LOADGEN)
+	$(LOADGEN)/bin/pip install -q --no-index --find-links $(LOADGEN_WHEELS) --require-hashes -r requirements/benchmark.txt
+	$(LOADGEN)/bin/pip install -q --no-deps -e .
+	touch $@
+
+loadgen: venv $(LOADGEN)/.stamp  ## build/loadgen-venv: aiperf (pinned with hashes, requirements/benchmark.txt) and dcu-benchmark
+
+capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
+	DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf $(BIN)/pytest -q -m loadgen
 
 lint: venv  ## ansible-lint (production profile), yamllint, ruff, ansible-test sanity (offline)
 	$(BIN)/yamllint -s .
@@ -41,7 +58,7 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	rm -f changelogs/.plugin-cache.yaml
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
-	$(BIN)/pytest -q -m "not docker" -n auto  # one worker per core: the cases start real servers, CPU-bound
+	$(BIN)/pytest -q -m "not docker and not loadgen" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
@@ -69,7 +86,7 @@ integration: venv images bundle  ## every molecule scenario and the compat check
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker integration  ## everything CI runs, cheapest first
+test: lint unit unit-docker capacity integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/

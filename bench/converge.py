@@ -33,9 +33,6 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "molecule" / "_shared"))
-from testkit import recap  # noqa: E402 - the PLAY RECAP parser the molecule checks use
-
 BIN = Path(sys.executable).parent  # the venv this runs in (.venv/bin/python bench/converge.py)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
 STAGE = "/var/lib/dcu-serving/bench-bundle"

@@ -123,21 +123,26 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Write the unit and one environment file per instance
+- name: Write the unit and one environment file per card
   dcu.serving.config_files:
     directories:
       - {path: /etc/dcu-serving/vllm, owner: root, group: root, mode: "0755"}
-    files: >-
-      {{ [{'path': '/etc/systemd/system/vllm@.service', 'content': lookup('ansible.builtin.template', 'vllm@.service.j2'),
-           'owner': 'root', 'group': 'root', 'mode': '0644'}]
-         + dcu_vllm_instances | map('dcu.serving.some_filter') | list }}
+    files:
+      - path: /etc/systemd/system/vllm@.service
+        content: "{{ lookup('ansible.builtin.template', 'vllm@.service.j2') }}"
+        owner: root
+        group: root
+        mode: "0644"
+      - path: /etc/dcu-serving/vllm/0.env
+        content: "DCU_VLLM_PORT=8001\n"
+        mode: "0644"
     unlisted:
       - {path: /etc/dcu-serving/vllm, pattern: "*.env"}
   register: written
 
-- name: Restart when the unit changed
-  ansible.builtin.debug:
-    msg: "the unit changed"
+- name: Reload systemd when the unit changed
+  ansible.builtin.systemd_service:
+    daemon_reload: true
   when: written.files['/etc/systemd/system/vllm@.service'].changed
 """
 
