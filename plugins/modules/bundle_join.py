@@ -161,7 +161,8 @@ def main():
     for warning in cache.warnings:
         module.warn(warning)
     shutil.rmtree(parts, ignore_errors=True)
-    module.exit_json(**dict(result, sha256=actual, size=size))
+    result.update(sha256=actual, size=size)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":
