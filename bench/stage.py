@@ -3,21 +3,22 @@
 
     .venv/bin/python bench/stage.py [--size-gib 4] [--chunk-mib 512] [--rounds 1] [--keep]
 
-  ours   playbooks/stage.yml through a real `ansible-playbook` (role dcu_bundle, tasks/stage.yml and
-         stage_chunked.yml: the artifact in dcu_bundle_stage_chunk_mib chunks, every transfer verified, the
-         joined file checked against its SHA-256), from a bundle of one artifact (build/bench-stage/bundle).
+  ours   playbooks/stage.yml through a real `ansible-playbook` (role dcu_bundle, tasks/stage.yml: the artifact
+         sent by dcu.serving.bundle_send in dcu_bundle_stage_chunk_mib ranges, each range hashed on both ends,
+         the whole file checked against its SHA-256), from a bundle of one artifact (build/bench-stage/bundle).
   rsync  `rsync -a` of the same file over SSH into another directory of the same node (rsync checks a
          whole-file checksum of what arrived, too).
 
-Both sides start from a cold destination (the artifact absent on the node, our chunk scratch absent on both
-ends) and use the same SSH options: ansible's effective ssh_args (`ansible-config dump`, this repository's
-ansible.cfg) plus the inventory's ansible_ssh_common_args, with the same key and user (deploy, sudo; rsync
+Both sides start from a cold destination (the artifact absent on the node, our scratch absent there) and
+use the same SSH options: ansible's effective ssh_args (`ansible-config dump`, this repository's ansible.cfg)
+plus the inventory's ansible_ssh_common_args, with the same key and user (deploy, sudo; rsync
 writes through `sudo rsync` as our staging writes as root). The artifact is random bytes, so SSH compression
 (ansible's default ssh_args carry -C) gains nothing on either side. The controller's checksum cache holds the
 artifact's sum before either side runs, as it does after `make bundle` (the builder hashes while writing);
-the page cache is warm for both sides alike. Printed: each side's wall time and MB/s (10^6 bytes/s), the
-ratio ours/rsync (target >= 0.8), where our run spends its time (the slowest tasks, json callback), and a
-second run of ours that must change nothing.
+the page cache is warm for both sides alike. The range sums dcu.serving.bundle_send remembers on the controller
+are removed before each run of ours (it hashes what it sends, as the first time it stages an artifact).
+Printed: each side's wall time and MB/s (10^6 bytes/s), the ratio ours/rsync (target >= 0.8), where our run
+spends its time (the slowest tasks, json callback), and a second run of ours that must change nothing.
 
 The node: `tools/dcu-node up` with an SSH user on an internal network, as tools/compat-check starts one. The
 node image has no rsync (tools/images/node/packages), and the node has no network to install it: the bench
@@ -134,14 +135,18 @@ def start_node(key: Path, chunk_mib: int) -> str:
     return address
 
 
-def cold() -> None:
-    """Neither side's destination on the node, no chunk scratch on either end."""
+def cold(artifact: dict) -> None:
+    """Neither side's destination on the node, no scratch there, and no range sums remembered on the controller
+    (dcu.serving.bundle_send hashes what it sends, as on the first stage of an artifact)."""
+    from dcu_serving.bundle.checksum import default_cache_path
+
     on_node(f"rm -rf {STAGE} {RSYNC_DEST} && mkdir -p {RSYNC_DEST}")
-    shutil.rmtree(str(WORK / "bundle") + ".parts", ignore_errors=True)
+    for sums in (Path(default_cache_path()).parent / "ranges").glob(f"{artifact['sha256']}-*.json"):
+        sums.unlink()
 
 
 def rsync_side(artifact: dict, address: str, ssh: list[str]) -> float:
-    cold()
+    cold(artifact)
     src = WORK / "bundle" / artifact["file"]
     started = time.monotonic()
     run(["rsync", "-a", "-e", shlex.join(ssh), "--rsync-path", "sudo /usr/local/bin/rsync",
@@ -176,7 +181,7 @@ def playbook(*args: str) -> tuple[float, dict, list]:
 
 
 def ours_side(artifact: dict) -> tuple[float, list]:
-    cold()
+    cold(artifact)
     wall, stats, tasks = playbook()
     assert stats.get("changed", 0) > 0 and not stats.get("failures"), stats
     check = on_node(f"cd {STAGE} && sha256sum --check --strict SHA256SUMS && find . -path './.parts/*' -type f")
@@ -235,7 +240,6 @@ def main() -> None:
         if not args.keep:
             run(["tools/dcu-node", "down", NODE], check=False)
             run(["docker", "network", "rm", NETWORK], check=False)
-            shutil.rmtree(str(WORK / "bundle") + ".parts", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see the collection's LICENSE)
 """Staging an offline bundle on a host (role dcu_bundle, tasks/stage.yml): where each artifact is, which
-directories it needs, the chunks a large file travels in, and what a staged copy holds that the bundle
+directories it needs, and what a staged copy holds that the bundle
 no longer lists."""
 
 import posixpath
 
 from ansible.errors import AnsibleFilterError
 
-# Where a host keeps the chunks of a large artifact while it arrives: <stage dir>/.parts/<sha256>/<chunk>.
+# Where a host keeps a large artifact while it arrives (dcu.serving.bundle_send): <stage dir>/.parts/<sha256>/.
 PARTS = ".parts"
 # Files of a staged bundle that are not artifacts.
 BUNDLE_FILES = ("index.json", "SHA256SUMS")
@@ -42,25 +42,12 @@ def bundle_stage_dirs(artifacts, directory):
     return dirs
 
 
-def bundle_chunks(size, chunk_bytes):
-    """The names of the chunks `split --numeric-suffixes --suffix-length=5 --bytes=chunk_bytes` makes of a
-    file of `size` bytes: ['00000', '00001', ...]."""
-    size, chunk_bytes = int(size), int(chunk_bytes)
-    if chunk_bytes <= 0:
-        raise AnsibleFilterError("bundle_chunks: the chunk size must be positive, got {}".format(chunk_bytes))
-    count = (size + chunk_bytes - 1) // chunk_bytes
-    if count > 100000:
-        raise AnsibleFilterError("bundle_chunks: {} bytes in {}-byte chunks make {} chunks, more than "
-                                 "5-digit chunk names allow; raise the chunk size".format(size, chunk_bytes, count))
-    return ["%05d" % i for i in range(count)]
-
-
 def bundle_unlisted(paths, directory, artifacts):
     """What a staged copy of the bundle holds that the bundle does not list: the paths to remove.
 
     paths: every file under `directory` (ansible.builtin.find, recursive, hidden). index.json, SHA256SUMS and
-    the artifacts stay; so do the chunks of an artifact still listed (an interrupted transfer resumes from
-    them). The chunk directory of an artifact no longer listed goes as a whole.
+    the artifacts stay; so does the scratch of an artifact still listed (an interrupted transfer resumes from
+    it). The scratch directory of an artifact no longer listed goes as a whole.
     """
     root = directory.rstrip("/")
     keep = set(BUNDLE_FILES) | set(a["file"] for a in artifacts or [])
@@ -88,6 +75,5 @@ class FilterModule(object):
         return {
             "bundle_staged": bundle_staged,
             "bundle_stage_dirs": bundle_stage_dirs,
-            "bundle_chunks": bundle_chunks,
             "bundle_unlisted": bundle_unlisted,
         }

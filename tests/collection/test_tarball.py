@@ -1,6 +1,6 @@
 """The collection tarball on its own, as a new user gets it: `ansible-galaxy collection build`, installed into a
 fresh venv that holds only ansible-core and its dependencies — no dcu-serving Python package, no checkout, no
-ansible.cfg. `dcu.serving.stage` stages a small bundle on a local-connection host (chunks, resume, removal of
+ansible.cfg. `dcu.serving.stage` stages a small bundle on a local-connection host (ranges, resume, removal of
 what the bundle dropped, idempotence, check mode); `dcu.serving.bundle` says what to install.
 
 ansible-core is installed offline: the wheels of ansible-core and of every distribution it requires are
@@ -137,6 +137,15 @@ def playbook(fresh, name, inv, *extra, check=True):
     return fresh.run("ansible-playbook", f"dcu.serving.{name}", "-i", str(inv), *extra, check=check)
 
 
+def sent(out: str) -> dict[int, str]:
+    """{range index: status} of the large file in a `-v` run's output (dcu.serving.bundle_send's result)."""
+    for line in out.splitlines():
+        if line.startswith(f"changed: [stagehost] => (item={BIG} ("):
+            result = json.loads(line[line.index(") => {") + len(") => "):])
+            return {r["index"]: r["status"] for r in result["ranges"]}
+    raise AssertionError(f"no changed send of {BIG} in:\n{out}")
+
+
 def recap(out: str) -> dict[str, int]:
     line = re.search(r"^stagehost\s*:(.*)$", out, re.M).group(1)
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
@@ -148,15 +157,15 @@ def staged_files(stage: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def staged(fresh):
-    """A small bundle (a file and one of three chunks) staged by dcu.serving.stage: --check, run, run again."""
+    """A small bundle (a file and one of three ranges) staged by dcu.serving.stage: --check, run, run again."""
     bundle, stage = fresh.root / "bundle", fresh.root / "stage"
     artifacts = make_bundle(bundle, {"driver/rock-1.0.run": b"#!/bin/sh\n" * 100,
                                      BIG: os.urandom(2 * CHUNK + 12345)})
     inv = inventory(fresh, "stage", dcu_bundle_dir=str(bundle), dcu_bundle_stage_dir=str(stage),
                     dcu_bundle_stage_chunk_mib=1)
-    check = playbook(fresh, "stage", inv, "--check")
+    check = playbook(fresh, "stage", inv, "--check", "-v")
     after_check = staged_files(stage) if stage.exists() else set()
-    first = playbook(fresh, "stage", inv)
+    first = playbook(fresh, "stage", inv, "-v")
     cache = json.loads(Path(CACHE).read_text()) if Path(CACHE).exists() else {}
     cached_after_first = {a["file"]: cache.get(os.path.realpath(stage / a["file"]), {}).get("sha256")
                           for a in artifacts}
@@ -176,9 +185,9 @@ def test_stage_needs_nothing_but_the_collection(staged):
     assert (stage / "index.json").read_bytes() == (bundle / "index.json").read_bytes()
     assert subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=stage,
                           capture_output=True).returncode == 0
-    for n in (1, 2, 3):  # the large file went in three chunks
-        assert f"changed: [stagehost] => (item={BIG} chunk {n})" in staged["first"].stdout
-    assert not Path(f"{bundle}.parts").exists(), "the controller's chunks are removed"
+    assert sent(staged["check"].stdout) == {0: "to send", 1: "to send", 2: "to send"}
+    assert sent(staged["first"].stdout) == {0: "sent", 1: "sent", 2: "sent"}  # the large file went in three ranges
+    assert list((stage / ".parts").iterdir()) == [], "no scratch left on the host"
     # each copy was verified on arrival, which cached its sum: the next run reads none of them again
     assert staged["cached_after_first"] == {a["file"]: a["sha256"] for a in staged["artifacts"]}
     assert recap(staged["again"].stdout)["changed"] == 0  # idempotent: nothing travels again
@@ -188,22 +197,22 @@ def test_an_interrupted_transfer_resumes_and_dropped_files_go(fresh, staged):
     bundle, stage = staged["bundle"], staged["stage"]
     big = (bundle / BIG).read_bytes()
     sha = hashlib.sha256(big).hexdigest()
-    # As an interrupted run leaves the host: the image not joined yet, its first chunk arrived whole,
-    # the second one is damaged; plus a file and the chunks of an image the bundle no longer lists.
+    # As an interrupted run leaves the host: the image not complete yet, its first range arrived whole, the
+    # second one is recorded with another sum (damaged); plus a file and the scratch of an image the bundle no
+    # longer lists.
     (stage / BIG).unlink()
     parts = stage / ".parts" / sha
     parts.mkdir(mode=0o700, parents=True)
-    for name, data in (("00000", big[:CHUNK]), ("00001", b"garbage")):
-        (parts / name).write_bytes(data)
-        (parts / name).chmod(0o600)  # as copy left them
+    (parts / "data").write_bytes(big[:CHUNK] + b"garbage")
+    (parts / f"progress-{CHUNK}").write_text(
+        f"0 {hashlib.sha256(big[:CHUNK]).hexdigest()}\n1 {hashlib.sha256(b'garbage').hexdigest()}\n")
     (stage / "driver" / "rock-0.9.run").write_bytes(b"the previous driver")
     (stage / ".parts" / ("0" * 64)).mkdir()
-    (stage / ".parts" / ("0" * 64) / "00000").write_bytes(b"a dropped image")
+    (stage / ".parts" / ("0" * 64) / "data").write_bytes(b"a dropped image")
 
-    proc = playbook(fresh, "stage", staged["inv"])
-    assert f"ok: [stagehost] => (item={BIG} chunk 1)" in proc.stdout  # not sent again
-    assert f"changed: [stagehost] => (item={BIG} chunk 2)" in proc.stdout  # the damaged one replaced
-    assert f"changed: [stagehost] => (item={BIG} chunk 3)" in proc.stdout
+    proc = playbook(fresh, "stage", staged["inv"], "-v")
+    # the first range is not sent again, the damaged one is replaced
+    assert sent(proc.stdout) == {0: "present", 1: "sent", 2: "sent"}
     assert (stage / BIG).read_bytes() == big
     assert staged_files(stage) == {"driver/rock-1.0.run", BIG, "index.json", "SHA256SUMS"}
     assert list((stage / ".parts").iterdir()) == []

@@ -1,16 +1,13 @@
 """Role dcu_bundle's staging, worked out by filter plugins: where each artifact is and whether it is ready,
-the directories it needs, the chunks a large file travels in, what a staged copy holds that the bundle
+the directories it needs, what a staged copy holds that the bundle
 no longer lists."""
 
 from __future__ import annotations
-
-import subprocess
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.filter.bundle import (
-    bundle_chunks,
     bundle_stage_dirs,
     bundle_staged,
     bundle_unlisted,
@@ -43,32 +40,6 @@ def test_stage_dirs_the_directory_first_each_once():
         STAGE, STAGE + "/driver", STAGE + "/images"]
     assert bundle_stage_dirs([], STAGE) == [STAGE]
     assert bundle_stage_dirs([{"file": "top.bin"}], STAGE) == [STAGE]
-
-
-@pytest.mark.parametrize("size, chunk, names", [
-    (1, 1048576, ["00000"]),
-    (1048576, 1048576, ["00000"]),
-    (1048577, 1048576, ["00000", "00001"]),
-    (190513152, 64 * 1048576, ["00000", "00001", "00002"]),
-])
-def test_chunk_names(size, chunk, names):
-    assert bundle_chunks(size, chunk) == names
-
-
-def test_chunk_names_are_the_ones_split_makes(tmp_path):
-    data = tmp_path / "file"
-    data.write_bytes(b"x" * 2500)
-    (tmp_path / "parts").mkdir()
-    subprocess.run(["split", "--bytes=1000", "--numeric-suffixes", "--suffix-length=5", str(data),
-                    str(tmp_path / "parts") + "/"], check=True)
-    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == bundle_chunks(2500, 1000)
-
-
-def test_chunking_refuses_nonsense():
-    with pytest.raises(AnsibleFilterError, match="positive"):
-        bundle_chunks(10, 0)
-    with pytest.raises(AnsibleFilterError, match="raise the chunk size"):
-        bundle_chunks(20 * 2**30, 1024)
 
 
 def test_unlisted_files_go_and_chunks_of_listed_artifacts_stay():

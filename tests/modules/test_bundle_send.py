@@ -1,0 +1,183 @@
+"""dcu.serving.bundle_send's pure parts: the ranges of a file, the controller's remembered range sums, the
+receiver the host runs (each range written at its offset, hashed, recorded only when whole), the progress
+file it leaves, and the module's host side (status, finish)."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.dcu.serving.plugins.action.bundle_send import (
+    RECEIVER,
+    Hashing,
+    load_sums,
+    ranges_of,
+    read_range,
+    store_sums,
+    sums_path,
+)
+from ansible_collections.dcu.serving.plugins.modules.bundle_send import read_progress
+
+MIB = 1048576
+
+
+@pytest.mark.parametrize("size, chunk, ranges", [
+    (0, MIB, []),
+    (1, MIB, [(0, 0, 1)]),
+    (MIB, MIB, [(0, 0, MIB)]),
+    (MIB + 1, MIB, [(0, 0, MIB), (1, MIB, 1)]),
+    (2500, 1000, [(0, 0, 1000), (1, 1000, 1000), (2, 2000, 500)]),
+])
+def test_ranges_cover_the_file_once(size, chunk, ranges):
+    assert ranges_of(size, chunk) == ranges
+
+
+def test_ranges_refuse_nonsense():
+    with pytest.raises(ValueError, match="positive"):
+        ranges_of(10, 0)
+
+
+def test_range_sums_are_remembered_per_artifact_and_range_size(tmp_path):
+    cache = str(tmp_path / "cache" / "sha256-cache.json")
+    path = sums_path("a" * 64, MIB, cache)
+    assert path == str(tmp_path / "cache" / "ranges" / f"{'a' * 64}-{MIB}.json")
+    assert sums_path("a" * 64, 2 * MIB, cache) != path
+    assert load_sums(path, "a" * 64, 2) is None
+    store_sums(path, "a" * 64, ["b" * 64, "c" * 64])
+    assert load_sums(path, "a" * 64, 2) == ["b" * 64, "c" * 64]
+    assert load_sums(path, "a" * 64, 3) is None  # another count of ranges: not these sums
+    assert load_sums(path, "d" * 64, 2) is None  # another artifact
+    with open(path, "w") as handle:
+        handle.write("{not json")
+    assert load_sums(path, "a" * 64, 2) is None
+
+
+def test_the_controller_hashes_each_range_and_the_whole_in_order(tmp_path):
+    blob = os.urandom(2500)
+    (tmp_path / "src").write_bytes(blob)
+    hashing = Hashing()
+    with open(tmp_path / "src", "rb") as handle:
+        assert hashing.add_from(handle, 0, 1000) == hashlib.sha256(blob[:1000]).hexdigest()  # held by the host
+        for offset, size in ((1000, 1000), (2000, 500)):  # sent, hashed in a thread meanwhile
+            hashing.submit(read_range(handle, offset, size))
+            assert hashing.wait() == hashlib.sha256(blob[offset:offset + size]).hexdigest()
+        with pytest.raises(AnsibleActionFail, match="did it change"):
+            read_range(handle, 2000, 1000)
+    assert hashing.sums == [hashlib.sha256(blob[o:o + 1000]).hexdigest() for o in (0, 1000, 2000)]
+    assert hashing.whole.hexdigest() == hashlib.sha256(blob).hexdigest()
+
+
+def receive(tmp_path, data: bytes, index: int, offset: int, size: int | None = None):
+    proc = subprocess.run([sys.executable, "-c", RECEIVER, str(tmp_path / "data"), str(tmp_path / "progress"),
+                           str(index), str(offset), str(len(data) if size is None else size)],
+                          input=data, capture_output=True, timeout=60)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_the_receiver_writes_each_range_at_its_offset_and_records_it(tmp_path):
+    blob = os.urandom(2500)
+    for index, offset in ((2, 2000), (0, 0), (1, 1000)):  # any order
+        piece = blob[offset:offset + 1000]
+        rc, out = receive(tmp_path, piece, index, offset)
+        assert rc == 0 and out == {"index": index, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()}
+    assert (tmp_path / "data").read_bytes() == blob
+    assert read_progress(str(tmp_path / "progress")) == {
+        i: hashlib.sha256(blob[i * 1000:(i + 1) * 1000]).hexdigest() for i in range(3)}
+
+
+def test_a_range_cut_short_is_not_recorded(tmp_path):
+    rc, out = receive(tmp_path, b"x" * 10, 0, 0, size=1000)
+    assert rc == 3 and out["size"] == 10
+    assert not (tmp_path / "progress").exists()
+
+
+def old_python(version):
+    """A Python `version` that runs (pyenv's shim alone does not), or None."""
+    pyenv = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
+    candidates = [shutil.which(f"python{version}"), *pyenv]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("version", ["3.6", "2.7"])  # CentOS 7 / Kylin python3; ansible-core 2.16 targets 2.7
+def test_the_receiver_runs_on_old_pythons(tmp_path, version):
+    python = old_python(version)
+    if not python:
+        pytest.skip(f"no python{version} here")
+    data = os.urandom(3 * MIB + 7)
+    proc = subprocess.run([python, "-c", RECEIVER, str(tmp_path / "d"), str(tmp_path / "p"), "0", "5", str(len(data))],
+                          input=data, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["sha256"] == hashlib.sha256(data).hexdigest()
+    assert (tmp_path / "d").read_bytes() == bytes(5) + data
+
+
+def test_the_receiver_is_python_3_6_syntax():
+    import ast
+    tree = ast.parse(RECEIVER)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)], "no f-strings on Python 3.6 hosts"
+
+
+def test_progress_keeps_the_last_sum_of_an_index_and_ignores_a_torn_line(tmp_path):
+    path = tmp_path / "progress"
+    assert read_progress(str(path)) == {}
+    path.write_text(f"0 {'a' * 64}\n1 {'b' * 64}\n0 {'c' * 64}\nnonsense\n2 {'d' * 20}")
+    assert read_progress(str(path)) == {0: "c" * 64, 1: "b" * 64}
+
+
+def test_the_host_side_reports_what_it_holds_and_puts_the_file_in_place(module_runner, tmp_path):
+    blob = os.urandom(3 * MIB + 5)
+    sha = hashlib.sha256(blob).hexdigest()
+    dest = tmp_path / "stage" / "images" / "big.tar"
+    dest.parent.mkdir(parents=True)
+    cache = tmp_path / "cache.json"
+    args = {"src": "/controller/big.tar", "dest": str(dest), "sha256": sha, "chunk_mib": 1, "cache": str(cache),
+            "size": len(blob)}
+
+    check = module_runner("bundle_send", dict(args, _ansible_check_mode=True))
+    assert check["in_place"] is False and check["held"] == {} and not (tmp_path / "stage" / ".parts").exists()
+    status = module_runner("bundle_send", args)
+    assert status["data"] == str(tmp_path / "stage" / "images" / ".parts" / sha / "data")
+    assert os.path.getsize(status["data"]) == 0
+    with open(status["data"], "wb") as handle:
+        handle.write(blob)
+    with open(status["progress"], "w") as handle:
+        handle.write(f"1 {'e' * 64}\n")
+    assert module_runner("bundle_send", args)["held"] == {"1": "e" * 64}
+
+    done = module_runner("bundle_send", dict(args, phase="finish", mode="0640"))  # not hashed: reads the file
+    assert done["changed"] and done["sha256"] == sha
+    assert dest.read_bytes() == blob and oct(dest.stat().st_mode & 0o777) == "0o640"
+    assert not (tmp_path / "stage" / "images" / ".parts" / sha).exists()
+    assert json.loads(cache.read_text())[str(dest)]["sha256"] == sha  # the check of the copy reads nothing
+    assert module_runner("bundle_send", args)["in_place"] is True
+
+
+def test_the_scratch_can_be_elsewhere_on_the_same_file_system(module_runner, tmp_path):
+    parts = tmp_path / ".parts" / ("f" * 64)
+    args = {"src": "/c/x", "dest": str(tmp_path / "images" / "x"), "sha256": "f" * 64, "parts": str(parts),
+            "cache": ""}
+    assert module_runner("bundle_send", args)["data"] == str(parts / "data") and (parts / "data").exists()
+
+
+def test_a_file_that_does_not_verify_is_dropped_naming_both_sums(module_runner, tmp_path):
+    sha = "f" * 64
+    dest = tmp_path / "big.tar"
+    args = {"src": "/c/big.tar", "dest": str(dest), "sha256": sha, "chunk_mib": 1, "cache": ""}
+    status = module_runner("bundle_send", args)
+    with open(status["data"], "wb") as handle:
+        handle.write(b"damaged")
+    failed = module_runner("bundle_send", dict(args, phase="finish"))
+    actual = hashlib.sha256(b"damaged").hexdigest()
+    assert failed["failed"] and actual in failed["msg"] and sha in failed["msg"]
+    assert not dest.exists() and not (tmp_path / ".parts" / sha).exists()
