@@ -15,14 +15,14 @@ description:
     bytes are read once on the controller and streamed over the connection (ssh, docker exec, local) into a
     small Python receiver on the host, which writes them at the range's offset of
     C(data) in the directory O(parts), hashing them as it writes, fsyncs, and appends C(<index> <sha256>) to
-    C(progress-<range bytes>) beside it. No chunk files on either side: every byte is read once, crosses the
+    C(progress-<range bytes>) beside it. No chunk files on either side, so every byte is read once, crosses the
     connection once and is written once.
-  - The controller knows each range's SHA-256: it hashes the bytes it reads (in a thread, while they are sent),
+  - The controller knows each range's SHA-256; it hashes the bytes it reads (in a thread, while they are sent),
     checks that they make the artifact's sum, and remembers the range sums beside its checksum cache, keyed by
     the artifact's sum and the range size, so that later sends hash nothing on the controller. A range whose
     sum on the host differs is sent once more, then the task fails naming both sums.
   - A range the progress file lists with the right sum is not sent again, so an interrupted transfer resumes.
-  - Once every range is there, the file takes its name O(dest) only when it has O(sha256): when every range
+  - Once every range is there, the file takes its name O(dest) only when it has O(sha256). When every range
     was sent in this run, each was hashed on the host as it was written and matched the controller's sum of the
     bytes it read, whose ranges make O(sha256), so the file is not read again; when some ranges are from an
     earlier run (they waited on disk), the host hashes the whole file once. The sum then goes into the
@@ -97,7 +97,7 @@ options:
     description:
       - Internal, set by the action plugin in phase V(finish) when every range was sent in this run, hashed on
         the host as it was written and found equal to the controller's sum of it, and the controller's ranges
-        make O(sha256): the file is then not read again.
+        make O(sha256), so the file is then not read again.
     type: bool
     default: false
 seealso:
