@@ -33,6 +33,10 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from playbook_json import run_json  # noqa: E402 - bench/ is not a package
+from playbook_json import task_seconds as task_duration  # noqa: E402
+
 BIN = Path(sys.executable).parent  # the venv this runs in (.venv/bin/python bench/converge.py)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
 STAGE = "/var/lib/dcu-serving/bench-bundle"
@@ -68,17 +72,12 @@ def module_calls(result: dict) -> int:
 
 def site_once(args, tree: Path) -> dict:
     """site.yml of `tree` against the host, timed: wall seconds, the recap and the module calls to the host."""
-    env = dict(ENV, ANSIBLE_CONFIG=str(tree / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
     inventory = str(Path(args.inventory).resolve())
-    started = time.monotonic()
-    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", inventory, "playbooks/site.yml", "-l", args.host],
-                          capture_output=True, text=True, env=env, cwd=tree)
-    wall = time.monotonic() - started
-    try:
-        report = json.loads(done.stdout)
-    except json.JSONDecodeError:
+    wall, done, report = run_json([str(BIN / "ansible-playbook"), "-i", inventory, "playbooks/site.yml",
+                                   "-l", args.host], dict(ENV, ANSIBLE_CONFIG=str(tree / "ansible.cfg")), tree)
+    if report is None:
         raise SystemExit(f"site.yml of {tree} printed no JSON (exit {done.returncode}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}") from None
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     stats = report["stats"].get(args.host, {})
     tasks = calls = 0
     for play in report["plays"]:
@@ -141,27 +140,20 @@ def site_rerun(args) -> None:
 
 def image_task_seconds(args, playbook: Path) -> tuple[float, float, dict]:
     """Durations of the load task and of the whole dcu_images role (json callback), and the load's result."""
-    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", args.inventory, str(playbook), "-l", args.host],
-                          capture_output=True, text=True, cwd=REPO,
-                          env=dict(ENV, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
-    if done.returncode != 0:
+    _, done, report = run_json([str(BIN / "ansible-playbook"), "-i", args.inventory, str(playbook), "-l", args.host],
+                               ENV, REPO)
+    if done.returncode != 0 or report is None:
         raise SystemExit(f"the image play failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     role, task_seconds, load = 0.0, 0.0, None
-    for play in json.loads(done.stdout)["plays"]:
+    for play in report["plays"]:
         for task in play["tasks"]:
-            span = task["task"]["duration"]
-            seconds = _ts(span["end"]) - _ts(span["start"])
+            seconds = task_duration(task)
             role += seconds
             if task["task"]["name"].endswith("Load the images the engine lacks"):
                 task_seconds, load = seconds, task["hosts"][args.host]
     if load is None:
         raise SystemExit("no 'Load the images the engine lacks' task in the play's output")
     return task_seconds, role, load
-
-
-def _ts(text: str) -> float:
-    from datetime import datetime
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def image_cache(args) -> None:

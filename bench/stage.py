@@ -41,10 +41,12 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from playbook_json import run_json, task_seconds  # noqa: E402 - bench/ is not a package
+
 BIN = REPO / ".venv" / "bin"
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
            PATH=f"{BIN}:{os.environ.get('PATH', '')}")
@@ -158,25 +160,13 @@ def rsync_side(artifact: dict, address: str, ssh: list[str]) -> float:
     return wall
 
 
-def _ts(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def playbook(*args: str) -> tuple[float, dict, list]:
     """playbooks/stage.yml against the node: wall seconds, the recap counters, [(seconds, task name)]."""
     argv = [str(BIN / "ansible-playbook"), "-i", str(WORK / "inventory"), "playbooks/stage.yml", *args]
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO,
-                          env=dict(ENV, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
-    wall = time.monotonic() - started
-    if done.returncode != 0:
+    wall, done, report = run_json(argv, ENV, REPO)
+    if done.returncode != 0 or report is None:
         raise SystemExit(f"stage.yml failed ({done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
-    report = json.loads(done.stdout)
-    tasks = []
-    for play in report["plays"]:
-        for task in play["tasks"]:
-            span = task["task"]["duration"]
-            tasks.append((_ts(span["end"]) - _ts(span["start"]), task["task"]["name"]))
+    tasks = [(task_seconds(task), task["task"]["name"]) for play in report["plays"] for task in play["tasks"]]
     return wall, report["stats"].get(NODE, {}), tasks
 
 

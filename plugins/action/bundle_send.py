@@ -21,7 +21,6 @@ import os
 import tempfile
 import threading
 import time
-from types import MappingProxyType
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
@@ -29,6 +28,7 @@ from ansible.module_utils.six.moves import shlex_quote
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.dcu.serving.plugins.module_utils.bundle_send import TASK_ARGUMENT_SPEC
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import default_cache_path
 
 display = Display()
@@ -206,17 +206,6 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = True
 
-    ARGUMENT_SPEC = MappingProxyType({
-        "src": {"type": "path", "required": True},
-        "dest": {"type": "path", "required": True},
-        "sha256": {"type": "str", "required": True},
-        "chunk_mib": {"type": "int", "default": 512},
-        "parts": {"type": "path"},
-        "name": {"type": "str"},
-        "mode": {"type": "raw", "default": "0644"},
-        "cache": {"type": "path"},
-    })
-
     def _receive(self, python, status, index, offset, data):
         cmd = " ".join(shlex_quote(to_text(a)) for a in (
             python, "-c", RECEIVER, status["data"], status["progress"], index, offset, len(data)))
@@ -237,7 +226,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
-        validation, _args = self.validate_argument_spec(argument_spec=dict(self.ARGUMENT_SPEC))
+        validation, _args = self.validate_argument_spec(argument_spec=dict(TASK_ARGUMENT_SPEC))
         params = validation.validated_parameters
         src = params["src"]
         name = params["name"] or params["dest"]

@@ -147,6 +147,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dcu.serving.plugins.module_utils.bundle_send import TASK_ARGUMENT_SPEC
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import (
     ChecksumCache,
     default_cache_path,
@@ -187,19 +188,12 @@ def read_progress(path):
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "src": {"type": "path", "required": True},
-            "dest": {"type": "path", "required": True},
-            "sha256": {"type": "str", "required": True},
-            "chunk_mib": {"type": "int", "default": 512},
-            "parts": {"type": "path"},
-            "name": {"type": "str"},
-            "mode": {"type": "raw", "default": "0644"},
-            "cache": {"type": "path"},
-            "phase": {"type": "str", "choices": ["status", "finish"], "default": "status"},
-            "size": {"type": "int"},
-            "hashed": {"type": "bool", "default": False},
-        },
+        argument_spec=dict(
+            TASK_ARGUMENT_SPEC,
+            phase={"type": "str", "choices": ["status", "finish"], "default": "status"},
+            size={"type": "int"},
+            hashed={"type": "bool", "default": False},
+        ),
         supports_check_mode=True,
     )
     params = module.params

@@ -78,11 +78,10 @@ def run_level(cmd: list[str], out: Path, concurrency: int, env: dict, secret: st
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace", check=False)
-    console = proc.stdout
+    console = proc.stdout.replace(secret, "<redacted>") if secret else proc.stdout
     (out / "aiperf-console.txt").write_text(console)
     if secret:
-        redact(out, secret)
-        console = console.replace(secret, "<redacted>")
+        redact(out, secret)  # aiperf's own logs and exports
     return LevelRun(concurrency, out, proc.returncode, console)
 
 
