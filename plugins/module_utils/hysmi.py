@@ -49,6 +49,8 @@ CARD_CLASSES = ("0x03", "0x12", "0x0b40")
 
 # What hy-smi is asked for: named fields, never bare --json (refused on some drivers).
 FIELD_FLAGS = ["--showbus", "--showproductname", "--showmeminfo", "vram", "--showtoponuma"]
+# The readings a metrics exporter asks for, in one call; --showbus so rows match sysfs by PCI address.
+METRIC_FLAGS = ["--showbus", "--showmeminfo", "vram", "--showuse", "--showtemp", "--showpower"]
 
 _CARD_KEY = re.compile(r"^card(\d+)$", re.IGNORECASE)
 _BDF = re.compile(r"(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\b")
@@ -67,6 +69,11 @@ _SERIES_KEYS = ("card series", "card sku", "card model")
 _NUMA_KEYS = ("(topology) numa node", "numa node")
 _VRAM_TOTAL = "vram total memory"
 _VRAM_USED = "vram total used memory"
+_USE_KEYS = ("hcu use (%)", "dcu use (%)", "gpu use (%)")
+# Junction first: the hottest sensor, the one the default table's Temp column shows; edge where it is missing.
+_TEMPERATURE_KEYS = ("temperature (sensor junction) (c)", "temperature (sensor edge) (c)")
+# rocm-smi's newer name for the same reading is 'Current Socket Graphics Package Power (W)'.
+_POWER_KEYS = ("average graphics package power (w)", "current socket graphics package power (w)")
 
 
 class HySmiParseError(ValueError):
@@ -319,13 +326,19 @@ def _number(value):
     return int(number) if number.is_integer() else number
 
 
-def _memory_mib(fields, what):
-    """VRAM from '<what> (MiB)' or '<what> (B)' fields, in MiB."""
+def _memory_bytes(fields, what):
+    """VRAM from '<what> (MiB)' or '<what> (B)' fields, in bytes (exact when hy-smi gave bytes)."""
     mib = _number(_field(fields, ["{} (mib)".format(what)]))
     if mib is not None:
-        return int(mib)
+        return int(mib * MIB)
     size = _number(_field(fields, ["{} (b)".format(what)]))
-    return int(size // MIB) if size is not None else None
+    return int(size) if size is not None else None
+
+
+def _memory_mib(fields, what):
+    """VRAM from '<what> (MiB)' or '<what> (B)' fields, in MiB."""
+    size = _memory_bytes(fields, what)
+    return size // MIB if size is not None else None
 
 
 def smi_cards(fields_by_index):
@@ -344,6 +357,24 @@ def smi_cards(fields_by_index):
             "serial": _field(fields, ("serial number",)),
         })
     return cards
+
+
+def smi_readings(fields_by_index):
+    """{index: fields} (hy-smi with METRIC_FLAGS) -> one dict per card, None where hy-smi gave no value:
+    index, pci_bus, use_percent, vram_total_bytes, vram_used_bytes, temperature_c, power_w."""
+    readings = []
+    for index in sorted(fields_by_index):
+        fields = fields_by_index[index]
+        readings.append({
+            "index": index,
+            "pci_bus": normalize_bdf(_field(fields, _PCI_KEYS)),
+            "use_percent": _number(_field(fields, _USE_KEYS)),
+            "vram_total_bytes": _memory_bytes(fields, _VRAM_TOTAL),
+            "vram_used_bytes": _memory_bytes(fields, _VRAM_USED),
+            "temperature_c": _number(_field(fields, _TEMPERATURE_KEYS)),
+            "power_w": _number(_field(fields, _POWER_KEYS)),
+        })
+    return readings
 
 
 def parse_table(text):

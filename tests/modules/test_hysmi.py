@@ -8,6 +8,8 @@ from modules.sysfs import BW_BDFS, PLATFORM
 
 from ansible_collections.dcu.serving.plugins.module_utils import hysmi
 
+MIB = 1024 * 1024
+
 
 def _rows(text, json=False):
     return hysmi.smi_cards(hysmi.parse_fields_json(text) if json else hysmi.parse_fields_text(text))
@@ -58,6 +60,37 @@ def test_json_keys_from_card1_become_index_0_and_bytes_become_mib(sample):
     assert [r["index"] for r in rows] == [0, 1]
     assert rows[0]["vram_total_mib"] == 34342961152 // (1024 * 1024)
     assert rows[1]["pci_bus"] == "0000:06:00.0"
+
+
+def test_readings_from_json_in_mib_matched_by_address(sample):
+    readings = hysmi.smi_readings(hysmi.parse_fields_json(sample("json_hcu_card0_mib.txt")))
+    assert readings[1] == {"index": 1, "pci_bus": "0000:05:00.0", "use_percent": 27.5,
+                           "vram_total_bytes": 65520 * MIB, "vram_used_bytes": 20413 * MIB,
+                           "temperature_c": 61, "power_w": 109}
+
+
+def test_readings_survive_missing_commas_and_split_objects(sample):
+    text = sample("json_bw_pci_oam.txt") + sample("json_bw_missing_commas.txt")  # one object per field group
+    readings = hysmi.smi_readings(hysmi.parse_fields_json(text))
+    assert [(r["pci_bus"], r["power_w"], r["temperature_c"]) for r in readings] == [
+        ("0000:09:00.0", 91, 57), ("0000:36:00.0", 84, 54)], "package power sits before a missing comma"
+    assert readings[1]["vram_used_bytes"] == 64104 * MIB
+
+
+def test_readings_with_dcu_keys_exact_bytes_and_absent_fields(sample):
+    readings = hysmi.smi_readings(hysmi.parse_fields_json(sample("json_dcu_card1_bytes.txt")))
+    assert readings[0]["use_percent"] == 45
+    assert readings[0]["vram_used_bytes"] == 21404581888, "bytes stay exact"
+    assert readings[0]["power_w"] is None and readings[0]["temperature_c"] is None, "not asked is not zero"
+
+
+def test_readings_from_rocm_smi_lines_with_edge_sensor_and_current_power():
+    text = ("GPU[0]\t\t: PCI Bus: 0000:03:00.0\n"
+            "GPU[0]\t\t: Temperature (Sensor edge) (C): 35.0\n"
+            "GPU[0]\t\t: Current Socket Graphics Package Power (W): 41.5\n"
+            "GPU[0]\t\t: GPU use (%): 3\n")
+    [reading] = hysmi.smi_readings(hysmi.parse_fields_text(text))
+    assert (reading["temperature_c"], reading["power_w"], reading["use_percent"]) == (35, 41.5, 3)
 
 
 @pytest.mark.parametrize("text", ["", "Error: no HCU found\n", '{"version": "1.0"}\n', "{ not json",
