@@ -88,6 +88,7 @@ def declared(*extras: str) -> set[str]:
 
 @pytest.mark.parametrize(("package", "extra", "others"), [
     ("dcu_serving.proxy", "proxy", ("client", "sim")),
+    ("dcu_serving.exporter", "proxy", ("client", "sim")),
     ("dcu_serving.client", "client", ("proxy", "sim")),
     ("dcu_serving.sim", "sim", ("proxy", "client")),
     ("dcu_serving.bundle", None, ("proxy", "client", "sim")),

@@ -1,0 +1,5 @@
+import sys
+
+from dcu_serving.exporter.cli import main
+
+sys.exit(main())
