@@ -174,6 +174,15 @@ def _backends(key: str, value: Any) -> list:
     return specs
 
 
+def _network(key: str, value: Any) -> str:
+    """An address (10.20.0.5) or a network (10.20.0.0/24), IPv4 or IPv6."""
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"must be an IP address or network such as 10.20.0.5 or 10.20.0.0/24, "
+                               f"got {value!r}") from None
+
+
 def _path(key, value):
     if not isinstance(value, str) or not value.startswith("/"):
         raise ConfigError(key, f"must be an absolute file path, got {value!r}")
@@ -236,6 +245,12 @@ SCHEMA: dict[str, Any] = {
         "listen": ("127.0.0.1:8001", _optional(_listen)),
         "token": (None, _optional(_text)),
     },
+    # A host behind a gateway answers API calls only from the addresses in `allow` (the gateway's, and
+    # loopback for the host's own checks); others get a 403 that names `url`, where they should call instead.
+    "gateway": {
+        "url": (None, _optional(_text)),
+        "allow": (None, _optional(_list_of(_network, "addresses or networks"))),
+    },
 }
 
 
@@ -281,6 +296,8 @@ class Config:
     contract: Contract = field(default_factory=Contract)
     admin_listen: str | None = "127.0.0.1:8001"
     admin_token: str | None = None
+    gateway_url: str | None = None
+    gateway_allow: tuple = ()  # ipaddress networks; empty: API calls from anywhere
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -336,6 +353,11 @@ def build(data: Any, source: str | None = None) -> Config:
         raise ConfigError("health.timeout", f"must not exceed health.interval ({v['health']['interval']:g} s)")
     if not v["health"]["path"].startswith("/"):
         raise ConfigError("health.path", f"must start with '/', got {v['health']['path']!r}")
+    gateway = v["gateway"]
+    if bool(gateway["url"]) != bool(gateway["allow"]):
+        missing = "gateway.url" if gateway["allow"] else "gateway.allow"
+        raise ConfigError(missing, "is required with the other gateway key: `allow` lists the addresses API calls "
+                                   "are accepted from, `url` is the gateway callers are told to use instead")
     backends = v["backends"]
     if isinstance(backends[0], str):  # the plain form: every backend serves every model
         if v["models"] is None:
@@ -357,7 +379,8 @@ def build(data: Any, source: str | None = None) -> Config:
         retry_after=v["retry_after"], shutdown_grace=v["shutdown_grace"], results_log=v["results_log"],
         log_level=v["log_level"], health_path=v["health"]["path"], health_interval=v["health"]["interval"],
         health_timeout=v["health"]["timeout"], contract=Contract(**rules),
-        admin_listen=admin["listen"], admin_token=token, source=source,
+        admin_listen=admin["listen"], admin_token=token, gateway_url=gateway["url"],
+        gateway_allow=tuple(ipaddress.ip_network(n) for n in gateway["allow"] or ()), source=source,
     )
 
 

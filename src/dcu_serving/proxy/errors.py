@@ -8,6 +8,7 @@ import json
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "UnauthorizedError",
+    403: "ForbiddenError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     408: "RequestTimeoutError",

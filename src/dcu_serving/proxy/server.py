@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 import time
@@ -45,6 +46,7 @@ class Proxy:
         self._health_task = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._checks: set = set()  # health checks of backends added by a reload
+        self._callers: dict = {}  # peer address -> may it call the API (gateway.allow), cleared on reload
 
     # -- lifecycle --
 
@@ -120,6 +122,7 @@ class Proxy:
                 closing.close()
         logging.getLogger().setLevel(new.log_level.upper())
         self.settings = new
+        self._callers = {}
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
                                      new.connect_timeout, new.retry_after)
         relay.configure(new)  # routing follows the balancer's new pools
@@ -136,13 +139,37 @@ class Proxy:
 
     def routes(self) -> dict:
         """(method, path) -> handler, for the main listener."""
-        table = {("POST", path): self.relay.handle for path in API_PATHS}
+        api = self._gateway_only(self.relay.handle)
+        table = {("POST", path): api for path in API_PATHS}
         status = self.status
-        table.update(_readable({"/v1/models": status.handle_models, "/health": status.handle_health,
-                                "/__lb_status": status.handle_lb_status, "/metrics": status.handle_metrics}))
+        table.update(_readable({"/v1/models": self._gateway_only(status.handle_models),
+                                "/health": status.handle_health, "/__lb_status": status.handle_lb_status,
+                                "/metrics": status.handle_metrics}))
         if self.settings.admin_token:  # with a token the admin API is reachable on the main listener too
             table.update(self.admin.routes())
         return table
+
+    def _gateway_only(self, handler):
+        """The API for the callers `gateway.allow` names; the others are told where the gateway is. Read from
+        the settings at each request, so a reload applies it; a peer's verdict is remembered until then."""
+
+        def guarded(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+            allow = self.settings.gateway_allow
+            if not allow:
+                return handler(request)
+            peer = request.remote
+            trusted = self._callers.get(peer)
+            if trusted is None:
+                if len(self._callers) >= 4096:  # a scan from many addresses must not grow it without end
+                    self._callers.clear()
+                trusted = self._callers[peer] = _within(peer, allow)
+                if not trusted:
+                    log.warning("refusing API calls from %s: only the gateway %s may call (gateway.allow)",
+                                peer, self.settings.gateway_url)
+            if trusted:
+                return handler(request)
+            return _forbidden(request, self.settings.gateway_url)
+        return guarded
 
     def admin_server_routes(self) -> dict:
         """(method, path) -> handler, for the admin listener."""
@@ -179,6 +206,21 @@ async def _not_found(request: web.BaseRequest, allowed: tuple, known: str) -> we
     message = f"{what} {request.method} {request.path}; this listener serves {known}."
     error = ProxyError(405, message, headers={"Allow": ", ".join(allowed)}) if allowed else ProxyError(404, message)
     return error_response(error, own_headers(request)["X-Request-Id"])
+
+
+def _within(peer: str | None, networks: tuple) -> bool:
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:  # None (not a TCP peer) or not an address
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address  # a v4 caller on a [::] listener
+    return any(address in network for network in networks)
+
+
+async def _forbidden(request: web.BaseRequest, gateway: str) -> web.Response:
+    message = (f"this host serves API calls through the gateway {gateway} only; send the request there "
+               f"(with your caller key), not to the host's proxy")
+    return error_response(ProxyError(403, message), own_headers(request)["X-Request-Id"])
 
 
 # -- running it --
