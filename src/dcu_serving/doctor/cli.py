@@ -60,8 +60,11 @@ def main(argv=None) -> int:
     findings = run_all(host, args.min_free_gib)
     failed = any(f.status == FAIL for f in findings)
     if args.json:
+        # report and failures: the text form, for playbooks/doctor.yml to print as it is.
         print(json.dumps({"host": socket.gethostname(), "ok": not failed,
-                          "checks": [f.as_dict() for f in findings]}, indent=2))
+                          "checks": [f.as_dict() for f in findings], "report": report(findings).splitlines(),
+                          "failures": [f"{f.check}: {f.message}. Fix: {f.fix}" for f in findings if f.status == FAIL]},
+                         indent=2))
     else:
         print(f"dcu-doctor on {socket.gethostname()}")
         print(report(findings))
