@@ -117,7 +117,9 @@ class Host:
             port = env.get("DCU_VLLM_PORT", "")
             found.append(Instance(name[:-4], int(port) if port.isdigit() else None, env.get("DCU_VLLM_IMAGE"),
                                   env.get("DCU_VLLM_IMAGE_ID"), env.get("DCU_VLLM_MODEL")))
-        return sorted(found, key=lambda i: (i.port is None, i.port or 0, i.name))
+        # vllm@2 before vllm@10, services by name
+        return sorted(found, key=lambda i: [int(part) if part.isdigit() else part
+                                            for part in re.split(r"(\d+)", i.name)])
 
     def proxy_config(self) -> dict | None:
         """proxy.yml as a mapping; None when dcu_proxy is not installed."""
