@@ -37,7 +37,8 @@ args = sys.argv[1:]
 if args[:2] == ["image", "inspect"]:
     ref = args[-1]
     if ref in state["images"]:
-        print(state["images"][ref])
+        labels = state.get("labels", {}).get(ref, {})
+        print(json.dumps([{"Id": state["images"][ref], "RepoTags": [ref], "Config": {"Labels": labels}}], indent=4))
         sys.exit(0)
     print("Error response from daemon: No such image: " + ref, file=sys.stderr)
     sys.exit(1)

@@ -33,6 +33,9 @@ def test_a_converged_serving_host_is_all_ok_in_the_issue_order(dcu_host: DoctorH
     assert "hycu 6.3.30-V1.4.1a loaded; 2 card(s) bound of 2 expected" in of(findings, "driver")[0]["message"]
     assert "dcu-serving, dcu-batch open them through render, video" in of(findings, "device nodes")[0]["message"]
     assert "2/2 backends healthy" in of(findings, "proxy")[0]["message"]
+    assert of(findings, "versions")[0]["message"] == (
+        "the DTK <-> driver table allows driver 6.3.30-V1.4.1a with the host's DTK: DTK 26.04; "
+        f"image {IMAGE}: DTK 26.04")
 
 
 def test_a_driver_only_host_reports_the_serving_parts_not_installed(dcu_host: DoctorHost):
@@ -113,7 +116,7 @@ def test_a_dtk_the_loaded_driver_does_not_support_fails_with_the_table_row(dcu_h
     rc, findings = dcu_host.findings()
     assert rc == 1
     [failure] = of(findings, "versions", "fail")
-    assert failure["message"].startswith("the host's DTK 24.04.3: DTK-24.04.3: driver >=5.7.1-V1.0")
+    assert failure["message"].startswith("the host's DTK: DTK-24.04.3: driver >=5.7.1-V1.0")
     assert "does not allow the loaded driver 6.3.30-V1.4.1a" in failure["message"]
     assert "rock-5.7.1-6.2.26-V1.5.aio.run" in failure["fix"] and "26.04" in failure["fix"]
 
@@ -134,6 +137,22 @@ def test_the_images_dtk_is_held_against_the_driver_too(dcu_host: DoctorHost):
     assert rc == 1
     [failure] = of(findings, "versions", "fail")
     assert failure["message"].startswith("image harbor.local/dcu/vllm:0.8.5-dtk24.04.3-py3.10: DTK-24.04.3")
+
+
+def test_an_images_dtk_label_wins_over_its_tag(dcu_host: DoctorHost):
+    dcu_host.with_instances(image="registry.local/vllm:latest")
+    rc, findings = dcu_host.findings()
+    assert rc == 0
+    [warning] = of(findings, "versions", "warn")
+    assert warning["message"] == ("image registry.local/vllm:latest: no DTK version in its label or tag, so the "
+                                  "DTK <-> driver table cannot be applied")
+    assert "dcu-serving.dtk" in warning["fix"]
+
+    dcu_host.stubs["labels"] = {"registry.local/vllm:latest": {"dcu-serving.dtk": "24.04.3"}}
+    dcu_host.save()
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    assert of(findings, "versions", "fail")[0]["message"].startswith("image registry.local/vllm:latest: DTK-24.04.3")
 
 
 def test_a_missing_image_fails_and_a_replaced_one_warns(dcu_host: DoctorHost):

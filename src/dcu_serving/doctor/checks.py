@@ -175,17 +175,19 @@ def versions(host: Host) -> list:
         findings.append(Finding("versions", WARN, f"the driver's installer asked for a reboot ({REBOOT_MARKER})",
                                 "reboot when the host can be drained"))
     dtk = (host.read(host.path("dtk", ".info", "rocm_version")) or "").strip()
-    checks = [("the host's DTK " + dtk, dtk)] if dtk else []
+    checks = [("the host's DTK", dtk)] if dtk else []
+    # An image's DTK: its dcu-serving.dtk label, else its tag as Hygon names images (...-dtk26.04-py3.10).
     for image in sorted({i.image for i in host.instances() if i.image}):
-        checks.append(("image " + image, image))
+        image_id, labels = host.image(image)
+        checks.append(("image " + image, (labels.get("dcu-serving.dtk") if image_id else None) or image))
     for what, text in checks:
         findings.append(_table(what, text, loaded))
     if not findings:
         findings.append(Finding("versions", SKIP, f"no DTK at {host.roots.dtk} and no images configured: nothing "
                                 "to hold against the driver"))
     elif not any(f.status in (FAIL, WARN) for f in findings):
-        return [Finding("versions", OK, "driver {}: {} (DTK <-> driver table, {})".format(
-            loaded, "; ".join(f.message for f in findings), dtk_driver.SNAPSHOT))]
+        return [Finding("versions", OK, "the DTK <-> driver table allows driver {} with {}".format(
+            loaded, "; ".join(f.message for f in findings)))]
     return findings
 
 
@@ -193,9 +195,12 @@ def _table(what: str, text: str, driver_version: str | None) -> Finding:
     version = dtk_driver.dtk_version(text)
     entry = dtk_driver.row(version)
     if entry is None:
-        return Finding("versions", WARN, "{}: {} not in the DTK <-> driver table ({})".format(
-            what, "DTK " + version if version else "no DTK version", dtk_driver.SNAPSHOT),
-            "check it against Hygon's current table by hand")
+        if not version:
+            return Finding("versions", WARN, f"{what}: no DTK version in its label or tag, so the DTK <-> driver "
+                           "table cannot be applied", "label the image dcu-serving.dtk=<version> where it is built, "
+                           "or check its DTK against Hygon's table by hand")
+        return Finding("versions", WARN, f"{what}: DTK {version} is not in the DTK <-> driver table "
+                       f"({dtk_driver.SNAPSHOT})", "check it against Hygon's current table by hand")
     if not driver_version:
         return Finding("versions", WARN, f"{what}: the driver's version is unknown, so "
                        f"{dtk_driver.describe(entry)} cannot be checked", "hy-smi --showdriverversion prints it")
@@ -209,7 +214,7 @@ def _table(what: str, text: str, driver_version: str | None) -> Finding:
     if answer is None:
         return Finding("versions", WARN, f"{what}: {dtk_driver.describe(entry)} cannot be decided for driver "
                        f"{driver_version}", "read the build with hy-smi --showdriverversion")
-    return Finding("versions", OK, f"{what} allows it")
+    return Finding("versions", OK, f"{what}: DTK {version}")
 
 
 # --- images, units, ports ------------------------------------------------------------------------------
@@ -224,12 +229,11 @@ def images(host: Host) -> list:
     for image in sorted({i.image for i in instances}):
         users = [i for i in instances if i.image == image]
         units = _unit_list(users)
-        rc, out = host.run(["docker", "image", "inspect", "--format", "{{.Id}}", image])
-        if rc != 0:
-            findings.append(Finding("images", FAIL, f"{image} (for {units}) is not in Docker: {out.strip()[-160:]}",
-                "playbooks/images.yml loads it from the bundle (the hosts pull nothing)"))
+        image_id, why = host.image(image)
+        if image_id is None:
+            findings.append(Finding("images", FAIL, f"{image} (for {units}) is not in Docker: {why}",
+                                    "playbooks/images.yml loads it from the bundle (the hosts pull nothing)"))
             continue
-        image_id = out.strip()
         stale = [i for i in users if i.image_id and i.image_id.startswith("sha256:") and i.image_id != image_id]
         if stale:
             findings.append(Finding("images", WARN, f"{image} is now {image_id[:19]}, but {_unit_list(stale)} "

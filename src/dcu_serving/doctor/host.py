@@ -165,6 +165,19 @@ class Host:
             return {unit: f"unknown ({why})" for unit in units}
         return dict(zip(units, (line.strip() for line in lines)))
 
+    def image(self, ref: str) -> tuple:
+        """(image id, labels) of a loaded image, or (None, docker's error); asked once per run."""
+        cache = self.facts.setdefault("images", {})
+        if ref not in cache:
+            rc, out = self.run(["docker", "image", "inspect", ref])
+            try:
+                found = json.loads(out)[0] if rc == 0 else None
+            except (ValueError, IndexError):
+                found = None
+            cache[ref] = ((found.get("Id"), (found.get("Config") or {}).get("Labels") or {}) if found
+                          else (None, " ".join(out.split())[-160:]))
+        return cache[ref]
+
     def hy_smi(self) -> str | None:
         """hy-smi under the hyhal directory (/opt/hyhal links to /usr/local/hyhal on real hosts)."""
         path = self.path("hyhal", "bin", "hy-smi")
