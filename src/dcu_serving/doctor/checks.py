@@ -121,9 +121,14 @@ def device_nodes(host: Host) -> list:
         return findings
     loose = sorted(path for path, st in stats.items() if st.st_mode & (stat.S_IROTH | stat.S_IWOTH))
     if loose:
-        findings.append(Finding("device nodes", WARN, "world-accessible: /dev/{} (Hygon's 16-dcu.rules leave kfd "
-                                "0666)".format(", /dev/".join(loose)),
-                                "playbooks/drivers.yml installs 70-dcu.rules, which tightens them to 0660"))
+        # The rules act when a node is made: nodes made before 70-dcu.rules existed keep Hygon's mode.
+        rules = os.path.exists(host.path("etc", "udev/rules.d/70-dcu.rules"))
+        findings.append(Finding(
+            "device nodes", WARN, "world-accessible: /dev/{} (Hygon's 16-dcu.rules make kfd and mkfd 0666)".format(
+                ", /dev/".join(loose)),
+            "udevadm trigger --action=change --subsystem-match=kfd --subsystem-match=mkfd --subsystem-match=drm "
+            "applies 70-dcu.rules (0660), as does a reboot" if rules
+            else "playbooks/drivers.yml installs 70-dcu.rules, which makes them 0660"))
     # Which group opens which nodes: the role keeps Hygon's (render for kfd and renderD*, video for card*).
     by_group = {}
     for name, st in stats.items():
