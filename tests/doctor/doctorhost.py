@@ -158,7 +158,8 @@ class DoctorHost:
         unit_dir.mkdir(parents=True, exist_ok=True)
         (unit_dir / "vllm@.service").write_text(
             "[Service]\nExecStart=/usr/bin/docker run --rm --name=vllm-%i --network=host --shm-size=16g "
-            "$DCU_VLLM_RUN_OPTIONS ${DCU_VLLM_IMAGE}\n")
+            "$DCU_VLLM_RUN_OPTIONS ${DCU_VLLM_IMAGE} \\\n"
+            "  vllm serve ${DCU_VLLM_MODEL_DIR} --host 127.0.0.1 --port ${DCU_VLLM_PORT} $DCU_VLLM_SERVE_ARGS\n")
         started = []
         for index in range(self.cards if count is None else count):
             server = Server(lambda path, health=health: (health, b""))

@@ -256,3 +256,14 @@ def test_the_zipapp_runs_on_the_standard_library_alone(dcu_host: DoctorHost, tmp
     assert rc == 1
     assert of(findings, "device nodes", "fail")[0]["message"].startswith("dcu-batch is not in group render")
     assert "2/2 backends healthy" in of(findings, "proxy")[0]["message"]  # proxy.yml read without PyYAML
+
+
+def test_the_instances_are_reached_where_the_unit_says_they_listen(dcu_host: DoctorHost):
+    servers = dcu_host.with_instances()
+    unit = dcu_host.etc / "systemd" / "system" / "vllm@.service"
+    unit.write_text(unit.read_text().replace("--host 127.0.0.1", "--host 127.0.0.2"))
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    assert [f["message"] for f in of(findings, "ports", "fail")] == [
+        f"vllm@{index} (MiniCPM-V-4.5): nothing answers on 127.0.0.2:{server.port} (Connection refused)"
+        for index, server in enumerate(servers)]

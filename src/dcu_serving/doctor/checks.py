@@ -287,8 +287,10 @@ def _listen_address(listen: str | None) -> tuple | None:
 
 
 def _expected_ports(host: Host) -> list:
-    ports = [("{} ({})".format(i.unit, i.model or "model"), ("127.0.0.1", i.port), i.unit)
-             for i in host.instances() if i.port]
+    # The instances listen where vllm@.service's `--host` says (dcu_vllm_listen_host, loopback by default).
+    listen = re.search(r"--host\s+(\S+)", host.read(host.path("etc", VLLM_UNIT)) or "")
+    address = _listen_address((listen.group(1) if listen else "127.0.0.1") + ":0")[0]
+    ports = [(f"{i.unit} ({i.model or 'model'})", (address, i.port), i.unit) for i in host.instances() if i.port]
     config = host.proxy_config()
     if config is not None:
         for what, listen in (("dcu-proxy", config.get("listen")),
