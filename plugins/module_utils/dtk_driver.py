@@ -25,7 +25,10 @@ How a requirement is read (REQUIREMENT keeps the vendor's text verbatim; `ranges
 
 import re
 
-from ansible_collections.dcu.serving.plugins.module_utils import rock_version
+try:
+    from ansible_collections.dcu.serving.plugins.module_utils import rock_version
+except ImportError:  # outside Ansible, as dcu_serving.dtk_driver (a symlink in src/dcu_serving)
+    from dcu_serving import rock_version
 
 SOURCE = ("Hygon DTK与驱动版本配套关系表 (https://download.sourcefind.cn:65024/file/1/"
           "DTK%E4%B8%8E%E9%A9%B1%E5%8A%A8%E7%89%88%E6%9C%AC%E9%85%8D%E5%A5%97%E5%85%B3%E7%B3%BB%E8%A1%A8.md), "

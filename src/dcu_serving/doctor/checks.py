@@ -1,0 +1,456 @@
+"""The checks, read-only, in the order a fault propagates: a driver that is not loaded explains a silent
+hy-smi, missing nodes and every vLLM unit down, so its finding comes first and the operator fixes top down.
+
+Each check returns findings: (check, status, message, fix). ok and warn need no action to serve; fail
+does, and says how. `skip` is a part this host does not run (no vLLM instances, no proxy): not installed
+is not a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from dcu_serving import dtk_driver, hysmi, rock_version
+from dcu_serving.doctor.host import INSTALL_RECORD, PROXY_UNIT, REBOOT_MARKER, VLLM_UNIT, Host, gib
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+DRIVERS_FIX = "run playbooks/drivers.yml"
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- driver --------------------------------------------------------------------------------------------
+
+
+def driver(host: Host) -> list:
+    module, version = hysmi.loaded_driver(host.roots.sysfs)
+    functions = hysmi.pci_functions(host.roots.sysfs)
+    cards = hysmi.sysfs_cards(functions)
+    unbound = [f for f in functions if f["kind"] == "unbound"]
+    host.facts.update(module=module, driver_version=version, cards=cards)
+    if module is None:
+        devices = len(unbound) + len(cards)
+        return [Finding("driver", FAIL, f"no DCU kernel module (hycu, or hydcu up to 6.2) is loaded; {devices} DCU "
+                        "device(s) on the PCI bus",
+                        "/opt/hyhal/bin/hy-smi --loaddriver (or modprobe hycu); after an install, reboot. "
+                        "Not installed: " + DRIVERS_FIX)]
+    findings = []
+    expected = int(host.access_record().get("expected_cards") or 0)
+    summary = "{} {} loaded; {} card(s) bound".format(module, version or "(no version file)", len(cards))
+    if unbound:
+        findings.append(Finding("driver", FAIL, "{}, but the driver did not bind: {}".format(
+            summary, "; ".join(hysmi.describe_function(f) for f in unbound)),
+            "a driver/vbios mismatch or a half-finished install leaves cards unbound: dmesg | grep -i hycu; "
+            "reinstall the driver with playbooks/drivers.yml and reboot"))
+    elif expected and len(cards) != expected:
+        findings.append(Finding("driver", FAIL, f"{summary}, {expected} expected (dcu_driver_expected_cards)",
+                                "lspci -d 1d94: shows what the bus holds; a missing card is a hardware or BIOS "
+                                "matter; a changed count: set dcu_driver_expected_cards and rerun drivers.yml"))
+    else:
+        findings.append(Finding("driver", OK, summary + (f" of {expected} expected" if expected else "")))
+    return findings
+
+
+def hymgr(host: Host) -> list:
+    state = host.unit_states(["hymgr"]).get("hymgr", "unknown")
+    findings = []
+    if state != "active":
+        findings.append(Finding("hymgr", FAIL, f"hymgr.service is {state}: hy-smi answers nothing without it",
+                                "systemctl start hymgr (systemctl enable hymgr, so it starts at boot); "
+                                "journalctl -u hymgr -n 50 says why it stopped"))
+    smi = host.hy_smi()
+    if smi is None:
+        findings.append(Finding("hymgr", FAIL, "no hy-smi at {}".format(host.path("hyhal", "bin", "hy-smi")),
+                                "/opt/hyhal links to /usr/local/hyhal, which the driver installs: " + DRIVERS_FIX))
+        return findings
+    rc, out = host.run([smi, "--showdriverversion"])
+    if rc != 0:
+        why = hysmi.explain_failure(out) or "see its output"
+        findings.append(Finding("hymgr", FAIL, f"hy-smi --showdriverversion exited {rc}: {out.strip()[-200:]}",
+                                why))
+        return findings
+    host.facts["smi_driver_version"] = hysmi.parse_driver_version(out)
+    if state == "active":
+        findings.append(Finding("hymgr", OK, "hymgr.service active; hy-smi answers (driver {})".format(
+            host.facts["smi_driver_version"] or "version not printed")))
+    return findings
+
+
+# --- device nodes and groups ---------------------------------------------------------------------------
+
+
+def _nodes(host: Host) -> list:
+    """The nodes HIP opens: kfd (mkfd where the driver makes one) and each bound card's render and card node."""
+    cards = host.facts.get("cards")
+    if cards is None:
+        cards = hysmi.sysfs_cards(hysmi.pci_functions(host.roots.sysfs))
+    names = ["kfd", "mkfd"]
+    for card in cards:
+        names += ["dri/" + card[key] for key in ("render", "card") if card.get(key)]
+    return [(name, host.path("dev", name)) for name in names]
+
+
+def device_nodes(host: Host) -> list:
+    findings, stats = [], {}
+    groups = host.groups()
+    for name, path in _nodes(host):
+        try:
+            stats[name] = os.stat(path)
+        except OSError:
+            if name != "mkfd":  # only some drivers make /dev/mkfd
+                findings.append(Finding("device nodes", FAIL, f"{path} is missing",
+                                        "the driver creates it when it loads and binds the cards (see driver): "
+                                        "hy-smi --loaddriver, then udevadm trigger"))
+    if not stats:
+        return findings
+    loose = sorted(path for path, st in stats.items() if st.st_mode & (stat.S_IROTH | stat.S_IWOTH))
+    if loose:
+        # The rules act when a node is made: nodes made before 70-dcu.rules existed keep Hygon's mode.
+        rules = os.path.exists(host.path("etc", "udev/rules.d/70-dcu.rules"))
+        findings.append(Finding(
+            "device nodes", WARN, "world-accessible: /dev/{} (Hygon's 16-dcu.rules make kfd and mkfd 0666)".format(
+                ", /dev/".join(loose)),
+            "udevadm trigger --action=change --subsystem-match=kfd --subsystem-match=mkfd --subsystem-match=drm "
+            "applies 70-dcu.rules (0660), as does a reboot" if rules
+            else "playbooks/drivers.yml installs 70-dcu.rules, which makes them 0660"))
+    # Which group opens which nodes: the role keeps Hygon's (render for kfd and renderD*, video for card*).
+    by_group = {}
+    for name, st in stats.items():
+        by_group.setdefault(st.st_gid, []).append(name)
+    passwd = host.passwd()
+    users = host.service_users()
+    for user in users:
+        if user not in passwd:
+            findings.append(Finding("device nodes", FAIL, f"service user {user} does not exist",
+                                    DRIVERS_FIX + " (it creates the service users)"))
+            continue
+        for gid, names in sorted(by_group.items()):
+            group, members = groups.get(gid, (str(gid), []))
+            if gid == 0 or passwd[user] == gid or user in members:
+                continue
+            findings.append(Finding(
+                "device nodes", FAIL, f"{user} is not in group {group}, which owns {_node_list(names)}",
+                f"usermod -aG {group} {user} (then restart its services), or {DRIVERS_FIX}"))
+    for gid, names in sorted(by_group.items()):
+        if gid == 0 and any(stats[name].st_mode & stat.S_IRWXG for name in names):
+            findings.append(Finding("device nodes", WARN,
+                                    f"{_node_list(names)} belong to group root: only root and the world open them",
+                                    "udevadm trigger applies the rules' groups; " + DRIVERS_FIX))
+    if not any(f.status == FAIL for f in findings):
+        findings.append(Finding("device nodes", OK, "{} nodes; {} open them through {}".format(
+            len(stats), ", ".join(users) or "no service user recorded",
+            ", ".join(sorted({groups.get(gid, (str(gid),))[0] for gid in by_group})))))
+    return findings
+
+
+def _node_list(names: list) -> str:
+    names = sorted(names, key=lambda n: (len(n), n))
+    shown = ["/dev/" + n for n in names[:3]]
+    return ", ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+# --- versions --------------------------------------------------------------------------------------------
+
+
+def versions(host: Host) -> list:
+    findings = []
+    loaded = host.facts.get("driver_version") or host.facts.get("smi_driver_version")
+    record = host.read_json(host.path("state", INSTALL_RECORD))
+    if record.get("version") and loaded and rock_version.differs(record["version"], loaded):
+        findings.append(Finding("versions", FAIL, "rock {} is installed ({}), but {} is loaded".format(
+            record["version"], record.get("file", "the install record"), loaded),
+            "reboot (the new module loads at boot), or playbooks/drivers.yml -e dcu_driver_reboot=true"))
+    elif os.path.exists(os.path.join(host.roots.run, os.path.basename(REBOOT_MARKER))):
+        findings.append(Finding("versions", WARN, f"the driver's installer asked for a reboot ({REBOOT_MARKER})",
+                                "reboot when the host can be drained"))
+    dtk = (host.read(host.path("dtk", ".info", "rocm_version")) or "").strip()
+    checks = [("the host's DTK", dtk)] if dtk else []
+    # An image's DTK: its dcu-serving.dtk label, else its tag as Hygon names images (...-dtk26.04-py3.10).
+    for image in sorted({i.image for i in host.instances() if i.image}):
+        image_id, labels = host.image(image)
+        checks.append(("image " + image, (labels.get("dcu-serving.dtk") if image_id else None) or image))
+    for what, text in checks:
+        findings.append(_table(what, text, loaded))
+    if not findings:
+        findings.append(Finding("versions", SKIP, f"no DTK at {host.roots.dtk} and no images configured: nothing "
+                                "to hold against the driver"))
+    elif not any(f.status in (FAIL, WARN) for f in findings):
+        return [Finding("versions", OK, "the DTK <-> driver table allows driver {} with {}".format(
+            loaded, "; ".join(f.message for f in findings)))]
+    return findings
+
+
+def _table(what: str, text: str, driver_version: str | None) -> Finding:
+    version = dtk_driver.dtk_version(text)
+    entry = dtk_driver.row(version)
+    if entry is None:
+        if not version:
+            return Finding("versions", WARN, f"{what}: no DTK version in its label or tag, so the DTK <-> driver "
+                           "table cannot be applied", "label the image dcu-serving.dtk=<version> where it is built, "
+                           "or check its DTK against Hygon's table by hand")
+        return Finding("versions", WARN, f"{what}: DTK {version} is not in the DTK <-> driver table "
+                       f"({dtk_driver.SNAPSHOT})", "check it against Hygon's current table by hand")
+    if not driver_version:
+        return Finding("versions", WARN, f"{what}: the driver's version is unknown, so "
+                       f"{dtk_driver.describe(entry)} cannot be checked", "hy-smi --showdriverversion prints it")
+    answer = dtk_driver.supports(entry, driver_version)
+    if answer is False:
+        others = dtk_driver.dtks_for(driver_version)
+        return Finding(
+            "versions", FAIL, f"{what}: {dtk_driver.describe(entry)} does not allow the loaded driver {driver_version}",
+            "install a driver that row allows ({}) with playbooks/drivers.yml, or use a DTK this driver "
+            "supports ({})".format(entry["shipped"], ", ".join(others) or "none in the table"))
+    if answer is None:
+        return Finding("versions", WARN, f"{what}: {dtk_driver.describe(entry)} cannot be decided for driver "
+                       f"{driver_version}", "read the build with hy-smi --showdriverversion")
+    return Finding("versions", OK, f"{what}: DTK {version}")
+
+
+# --- images, units, ports ------------------------------------------------------------------------------
+
+
+def images(host: Host) -> list:
+    instances = [i for i in host.instances() if i.image]
+    if not instances:
+        return [Finding("images", SKIP, "no vLLM container instances configured ({}/*.env): dcu_vllm not "
+                        "installed or runtime host".format(host.path("etc", "dcu-serving/vllm")))]
+    findings = []
+    for image in sorted({i.image for i in instances}):
+        users = [i for i in instances if i.image == image]
+        units = _unit_list(users)
+        image_id, why = host.image(image)
+        if image_id is None:
+            findings.append(Finding("images", FAIL, f"{image} (for {units}) is not in Docker: {why}",
+                                    "playbooks/images.yml loads it from the bundle (the hosts pull nothing)"))
+            continue
+        stale = [i for i in users if i.image_id and i.image_id.startswith("sha256:") and i.image_id != image_id]
+        if stale:
+            findings.append(Finding("images", WARN, f"{image} is now {image_id[:19]}, but {_unit_list(stale)} "
+                                    f"were converged for {stale[0].image_id[:19]}",
+                "playbooks/serving.yml restarts them on the loaded image"))
+        else:
+            findings.append(Finding("images", OK, f"{image} present ({image_id[:19]}) for {units}"))
+    return findings
+
+
+def units(host: Host) -> list:
+    instances = host.instances()
+    wanted = [i.unit for i in instances]
+    if any(i.image for i in instances):
+        wanted.insert(0, "docker")
+    proxy = os.path.exists(host.path("etc", PROXY_UNIT))
+    if proxy:
+        wanted.append("dcu-proxy")
+    if not wanted:
+        return [Finding("units", SKIP, "no vllm@ or dcu-proxy units installed (dcu_vllm, dcu_proxy not run)")]
+    states = host.unit_states(wanted)
+    findings = []
+    for unit, state in states.items():
+        if state == "active":
+            continue
+        fix = f"journalctl -u {unit} -n 100 says why; then systemctl reset-failed {unit} && systemctl start {unit}"
+        if unit.startswith("vllm@"):
+            fix += " (or playbooks/rolling_restart.yml)"
+        findings.append(Finding("units", FAIL, f"{unit} is {state}", fix))
+    if not findings:
+        findings.append(Finding("units", OK, f"{_short(list(states))} active"))
+    if not proxy:
+        findings.append(Finding("units", SKIP, "dcu-proxy not installed"))
+    return findings
+
+
+def _listen_address(listen: str | None) -> tuple | None:
+    """('127.0.0.1', 8000) for '0.0.0.0:8000': where a local client reaches a listener."""
+    if not listen or ":" not in str(listen):
+        return None
+    address, port = str(listen).rsplit(":", 1)
+    address = address.strip("[]")
+    if address in ("", "0.0.0.0", "::"):
+        address = "127.0.0.1"
+    return (address, int(port)) if port.isdigit() else None
+
+
+def _expected_ports(host: Host) -> list:
+    # The instances listen where vllm@.service's `--host` says (dcu_vllm_listen_host, loopback by default).
+    listen = re.search(r"--host\s+(\S+)", host.read(host.path("etc", VLLM_UNIT)) or "")
+    address = _listen_address((listen.group(1) if listen else "127.0.0.1") + ":0")[0]
+    ports = [(f"{i.unit} ({i.model or 'model'})", (address, i.port), i.unit) for i in host.instances() if i.port]
+    config = host.proxy_config()
+    if config is not None:
+        for what, listen in (("dcu-proxy", config.get("listen")),
+                             ("dcu-proxy admin", (config.get("admin") or {}).get("listen"))):
+            address = _listen_address(listen)
+            if address:
+                ports.append((what, address, "dcu-proxy"))
+    return ports
+
+
+def ports(host: Host) -> list:
+    expected = _expected_ports(host)
+    if not expected:
+        return [Finding("ports", SKIP, "no vLLM instance or proxy configured: no port to check")]
+    findings = []
+    for what, (address, port), unit in expected:
+        try:
+            with socket.create_connection((address, port), timeout=min(host.timeout, 3)):
+                pass
+        except OSError as exc:
+            findings.append(Finding(
+                "ports", FAIL, f"{what}: nothing answers on {address}:{port} ({exc.strerror or exc})",
+                f"see units: {unit} must be active; ss -ltnp 'sport = :{port}' shows who holds the port"))
+    if not findings:
+        findings.append(Finding("ports", OK, "listening: " + ", ".join(
+            "{}:{}".format(*address) for _what, address, _unit in expected)))
+    return findings
+
+
+def proxy(host: Host) -> list:
+    config = host.proxy_config()
+    address = _listen_address((config or {}).get("listen"))
+    if address is None:
+        return [Finding("proxy", SKIP, "dcu-proxy not installed ({} absent)".format(
+            host.path("etc", "dcu-serving/proxy.yml")))]
+    url = "http://{}:{}/__lb_status".format(*address)
+    try:
+        with urllib.request.urlopen(url, timeout=min(host.timeout, 5)) as response:
+            status = json.loads(response.read())
+    except (OSError, ValueError) as exc:
+        return [Finding("proxy", FAIL, f"GET {url} failed: {exc}",
+                        "see units and ports: journalctl -u dcu-proxy -n 100")]
+    healthy, total = status.get("healthy", 0), status.get("total", 0)
+    down = ["{} ({})".format(b.get("url"), b.get("last_error") or "unhealthy")
+            for b in status.get("backends", []) if not b.get("healthy")]
+    message = "{}/{} backends healthy, {} queued".format(healthy, total, status.get("queue", 0))
+    trio = ("which card answered a request: its X-Backend header; what happened to it: the results log line "
+            "with its orid")
+    if total == 0:
+        return [Finding("proxy", FAIL, message + ": the proxy has no backend", "its proxy.yml lists none: "
+                        "run playbooks/serving.yml")]
+    if healthy < total:
+        return [Finding("proxy", FAIL if healthy == 0 else WARN, message + "; down: " + "; ".join(down),
+                        "journalctl -u vllm@N for each down backend (port 8002 is vllm@0 in the default "
+                        "layout); " + trio)]
+    return [Finding("proxy", OK, message + " (" + url + ")")]
+
+
+# --- disk, shm -------------------------------------------------------------------------------------------
+
+
+def disk(host: Host, min_free_gib: float = 20.0) -> list:
+    """Free space where images and the bundle land: Docker's root and the role's state directory."""
+    rc, out = host.run(["docker", "info", "--format", "{{.DockerRootDir}}"])
+    places = [out.strip() if rc == 0 and out.strip().startswith("/") else None, host.roots.state]
+    findings, seen = [], set()
+    for place in places:
+        existing = place
+        while existing and not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not existing:
+            continue
+        st = os.statvfs(existing)
+        if st.f_fsid in seen:
+            continue
+        seen.add(st.f_fsid)
+        free = st.f_bavail * st.f_frsize
+        if free < min_free_gib * 1024 ** 3:
+            findings.append(Finding(
+                "disk", FAIL, f"{gib(free)} free on the filesystem of {place} (at least {min_free_gib:g} GiB wanted: "
+                "a vLLM image is tens of GiB, loaded from a tarball beside it)",
+                f"docker image prune (unused images), or remove old bundles under {host.roots.state}; "
+                "--min-free-gib sets the bound"))
+        else:
+            findings.append(Finding("disk", OK, f"{gib(free)} free for {place}"))
+    return findings
+
+
+def _size(text: str) -> int | None:
+    match = re.match(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$", text.strip().lower())
+    if not match:
+        return None
+    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
+
+
+def shm(host: Host) -> list:
+    """vLLM's workers share tensors through /dev/shm: the host's (runtime host) or each container's own
+    --shm-size, which is memory: eight containers of 16g promise 128 GiB."""
+    findings = []
+    path = host.path("dev", "shm")
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return [Finding("shm", FAIL, f"{path} is missing", "mount it: mount -t tmpfs tmpfs /dev/shm "
+                        "(and in /etc/fstab); systemd mounts it at boot")]
+    free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    meminfo = host.read(os.path.join(host.roots.proc, "meminfo")) or ""
+    match = re.search(r"(?m)^MemTotal:\s+(\d+) kB", meminfo)
+    memory = int(match.group(1)) * 1024 if match else None
+    containers = [i for i in host.instances() if i.image]
+    unit = host.read(host.path("etc", VLLM_UNIT)) or ""
+    per = re.search(r"--shm-size[= ](\S+)", unit)
+    shm_size = _size(per.group(1)) if per else None
+    if containers and shm_size and memory and shm_size * len(containers) > memory:
+        total = gib(shm_size * len(containers))
+        findings.append(Finding("shm", WARN, f"{len(containers)} containers x --shm-size {per.group(1)} = {total} "
+                                f"of shared memory, more than the host's {gib(memory)} RAM",
+                                "set dcu_vllm_container_shm_size so that instances x size fits in RAM"))
+    elif host.instances() and not containers and free < 1024 ** 3:
+        findings.append(Finding("shm", FAIL, f"{gib(free)} free of {gib(size)} in {path}; the host-runtime "
+                                "instances share it", "find what fills it (ls -la /dev/shm); raise its size in "
+                                "/etc/fstab"))
+    if not findings:
+        findings.append(Finding("shm", OK, "{} free of {} in {}{}".format(
+            gib(free), gib(size), path, f"; containers get --shm-size {per.group(1)} each"
+            if containers and per else "")))
+    return findings
+
+
+def _unit_list(instances: list) -> str:
+    return _short([i.unit for i in instances])
+
+
+def _short(names: list) -> str:
+    return ", ".join(names) if len(names) <= 4 else "{}, ... {} ({} units)".format(
+        ", ".join(names[:2]), names[-1], len(names))
+
+
+# In order: the driver before what needs it, the services before the proxy in front of them.
+CHECKS = [
+    ("driver", driver),
+    ("hymgr", hymgr),
+    ("device nodes", device_nodes),
+    ("versions", versions),
+    ("images", images),
+    ("units", units),
+    ("ports", ports),
+    ("proxy", proxy),
+    ("disk", disk),
+    ("shm", shm),
+]
+
+
+def run_all(host: Host, min_free_gib: float = 20.0) -> list:
+    findings = []
+    for name, check in CHECKS:
+        try:
+            found = check(host, min_free_gib) if check is disk else check(host)
+        except Exception as exc:  # a doctor that crashes on a broken host tells nothing about the rest
+            found = [Finding(name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}",
+                             "report it with this output (dcu-doctor --json)")]
+        findings.extend(found)
+    return findings

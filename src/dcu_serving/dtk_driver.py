@@ -1,0 +1,1 @@
+../../plugins/module_utils/dtk_driver.py

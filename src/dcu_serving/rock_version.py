@@ -1,0 +1,1 @@
+../../plugins/module_utils/rock_version.py
