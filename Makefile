@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv loadgen capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv loadgen gateway capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,21 @@ $(LOADGEN)/.stamp: requirements/benchmark.txt pyproject.toml
 	touch $@
 
 loadgen: venv $(LOADGEN)/.stamp  ## build/loadgen-venv: aiperf (pinned with hashes, requirements/benchmark.txt) and dcu-benchmark
+
+# The gateway's venv (LiteLLM's proxy, requirements/gateway.txt: ~117 packages), built as roles/dcu_gateway builds it
+# on a gateway host: every wheel checked against its hash, installed offline from a wheelhouse. dcu-serving goes in
+# without its dependencies, for the auth and hook modules LiteLLM loads (src/dcu_serving/gateway).
+GATEWAY := build/gateway-venv
+GATEWAY_WHEELS := build/gateway-wheels
+$(GATEWAY)/.stamp: requirements/gateway.txt pyproject.toml
+	$(BIN)/pip download -q --require-hashes --only-binary :all: -r requirements/gateway.txt -d $(GATEWAY_WHEELS)
+	rm -rf $(GATEWAY) && $(PY) -m venv $(GATEWAY)
+	$(GATEWAY)/bin/pip install -q --no-index --find-links $(GATEWAY_WHEELS) --require-hashes -r requirements/gateway.txt
+	$(GATEWAY)/bin/pip install -q --no-deps -e .
+	touch $@
+
+gateway: venv $(GATEWAY)/.stamp  ## build/gateway-venv: LiteLLM's proxy (pinned with hashes) and the gateway test (tests/gateway)
+	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm $(BIN)/pytest -q -m gateway tests/gateway
 
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
 	DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf $(BIN)/pytest -q -m loadgen
