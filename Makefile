@@ -73,7 +73,7 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	rm -f changelogs/.plugin-cache.yaml
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
-	$(BIN)/pytest -q -m "not docker and not loadgen" -n auto  # one worker per core: the cases start real servers, CPU-bound
+	$(BIN)/pytest -q -m "not docker and not loadgen and not gateway" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
@@ -101,7 +101,7 @@ integration: venv images bundle  ## every molecule scenario and the compat check
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker capacity integration  ## everything CI runs, cheapest first
+test: lint unit unit-docker capacity gateway integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/
