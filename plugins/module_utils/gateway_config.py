@@ -16,7 +16,8 @@ picks a host. Choices, each for a reason:
   checks: an active one would spend a card's time on a generation at every interval, and dcu-proxy checks
   its cards itself);
 - timeouts long enough for multimodal requests (many images, long answers): `request_timeout`;
-- nothing leaves the gateway: no telemetry, no message logging, no spend logs, no database.
+- no message logging, no spend logs, no database; LiteLLM's cost map is read from its own package
+  (LITELLM_LOCAL_MODEL_COST_MAP, set by the role), and tests/gateway proves it connects nowhere else.
 """
 
 import re
@@ -94,7 +95,6 @@ def gateway_config(hosts, settings=None):
         "litellm_settings": {
             "callbacks": [CALLER_HOOK],
             "request_timeout": s["request_timeout"],
-            "telemetry": False,
             "turn_off_message_logging": True,
             "redact_messages_in_exceptions": True,
             "drop_params": False,
@@ -103,7 +103,6 @@ def gateway_config(hosts, settings=None):
             "master_key": "os.environ/LITELLM_MASTER_KEY",
             "custom_auth": CALLER_AUTH,
             "disable_spend_logs": True,
-            "disable_error_logs": True,
             "background_health_checks": False,
         },
     }
