@@ -36,7 +36,7 @@ $(LOADGEN)/.stamp: requirements/benchmark.txt pyproject.toml
 
 loadgen: venv $(LOADGEN)/.stamp  ## build/loadgen-venv: aiperf (pinned with hashes, requirements/benchmark.txt) and dcu-benchmark
 
-# The gateway's venv (LiteLLM's proxy, requirements/gateway.txt: ~117 packages), built as roles/dcu_gateway builds it
+# The gateway's venv (LiteLLM's proxy, requirements/gateway.txt: 118 packages), built as roles/dcu_gateway builds it
 # on a gateway host: every wheel checked against its hash, installed offline from a wheelhouse. dcu-serving goes in
 # without its dependencies, for the auth and hook modules LiteLLM loads (src/dcu_serving/gateway).
 GATEWAY := build/gateway-venv

@@ -48,3 +48,12 @@ def test_mistakes_name_the_variable(hosts, settings, message):
     with pytest.raises(AnsibleFilterError) as err:
         gateway_config(hosts, settings)
     assert message in str(err.value)
+
+
+def test_the_role_installs_exactly_the_pinned_requirements():
+    """roles/dcu_gateway/files/requirements.txt is the collection's copy of requirements/gateway.txt (requirements/
+    is not part of the collection): a re-pin that forgets the copy would install other versions than reviewed."""
+    from support import REPO
+    pinned = (REPO / "requirements/gateway.txt").read_text()
+    assert (REPO / "roles/dcu_gateway/files/requirements.txt").read_text() == pinned
+    assert "litellm==1.106.12" in pinned and pinned.count("--hash=sha256:") > 117
