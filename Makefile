@@ -48,7 +48,8 @@ $(GATEWAY)/.stamp: requirements/gateway.txt pyproject.toml
 	$(GATEWAY)/bin/pip install -q --no-deps -e .
 	touch $@
 
-gateway: venv $(GATEWAY)/.stamp  ## build/gateway-venv: LiteLLM's proxy (pinned with hashes) and the gateway test (tests/gateway)
+gateway: venv images $(GATEWAY)/.stamp  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy, and roles/dcu_gateway on a node
+	tools/ensure-docker
 	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm $(BIN)/pytest -q -m gateway tests/gateway
 
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
@@ -77,7 +78,7 @@ unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, 
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
-	$(BIN)/pytest -q -m docker
+	$(BIN)/pytest -q -m "docker and not gateway"
 
 images: venv  ## build the local test images (cached by recipe hash)
 	tools/ensure-docker
