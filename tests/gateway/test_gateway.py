@@ -1,5 +1,6 @@
 """The gateway for real: LiteLLM's proxy (build/gateway-venv, `make gateway`) with this project's auth and caller
-hook, in front of a real dcu-proxy and two simulated cards, driven by the official openai SDK.
+hook, in front of a real dcu-proxy and two simulated cards, driven by the official openai SDK: a chat with the
+caller's alias in the host's results log, 401 for a wrong key, 429 past a caller's rpm and past its concurrent.
 
 Outside connections: LiteLLM runs under `strace -f -e trace=connect,sendto,sendmsg`, and every address any of its
 processes and threads connected or sent to is read: each must be the loopback (the dcu-proxy, itself) or a local
@@ -14,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from support import FAST_SIM, REPO, SERVED_MODEL, ServerProcess, free_port
 pytestmark = pytest.mark.gateway
 
 LITELLM = os.environ.get("DCU_LITELLM", str(REPO / "build/gateway-venv/bin/litellm"))
-KEYS = {"billing": "sk-billing-0123456789", "batch": "sk-batch-0123456789"}
+KEYS = {"billing": "sk-billing-0123456789", "batch": "sk-batch-0123456789", "solo": "sk-solo-0123456789"}
 BATCH_RPM = 3
 
 
@@ -61,7 +63,8 @@ class Gateway(ServerProcess):
 def fleet(tmp_path, start_sim, start_proxy):
     if not Path(LITELLM).exists():
         pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
-    cards = [start_sim(*FAST_SIM), start_sim(*FAST_SIM)]
+    # Answers take ~0.3 s (10 tokens at 30 ms): long enough for requests sent together to overlap.
+    cards = [start_sim(*FAST_SIM, "--sim-itl-ms", "30"), start_sim(*FAST_SIM, "--sim-itl-ms", "30")]
     port = free_port()
     # The host trusts the gateway's address only (here the loopback's 127.0.0.1, where LiteLLM connects from).
     proxy = start_proxy([c.url for c in cards], healthy=2,
@@ -72,6 +75,7 @@ def fleet(tmp_path, start_sim, start_proxy):
     keys.write_text(json.dumps({"callers": [
         {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest(), "concurrent": 8},
         {"alias": "batch", "sha256": hashlib.sha256(KEYS["batch"].encode()).hexdigest(), "rpm": BATCH_RPM},
+        {"alias": "solo", "sha256": hashlib.sha256(KEYS["solo"].encode()).hexdigest(), "concurrent": 1},
     ]}))
     keys.chmod(0o600)
     trace = tmp_path / "network.trace"
@@ -124,8 +128,22 @@ def test_callers_reach_the_cards_by_key_with_their_alias_and_limits_and_nothing_
     assert client(gateway, KEYS["billing"]).chat.completions.create(
         model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8).choices
 
-    lines = proxy.results(2 + BATCH_RPM)
-    assert sorted(rec["caller"] for rec in lines) == sorted(["billing"] * 2 + ["batch"] * BATCH_RPM)
+    # A caller allowed one request in flight: of three sent together, one is answered and the others get 429.
+    def solo(_):
+        try:
+            client(gateway, KEYS["solo"]).chat.completions.create(
+                model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+            return 200
+        except openai.RateLimitError as e:
+            return e.status_code
+    with ThreadPoolExecutor(3) as pool:
+        together = sorted(pool.map(solo, range(3)))
+    assert together[0] == 200 and together[-1] == 429, together
+    assert solo(None) == 200  # its slot is free again once the answer is done
+
+    lines = proxy.results(2 + BATCH_RPM + together.count(200) + 1)
+    assert sorted(rec["caller"] for rec in lines) == sorted(
+        ["billing"] * 2 + ["batch"] * BATCH_RPM + ["solo"] * (together.count(200) + 1))
     assert all(rec["status"] == 200 for rec in lines)  # refused callers never reached the host
 
     # No request content in the gateway's output.
