@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """gateway_config: the LiteLLM config of a fleet's gateway from its serving hosts (module_utils/gateway_config)."""
 
 from ansible.errors import AnsibleFilterError

@@ -1,5 +1,6 @@
 # Copyright: dcu-serving contributors
-# Apache License 2.0 (see the collection's LICENSE)
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """The LiteLLM config of a fleet's gateway, from the inventory's serving hosts (docs/fleet.md).
 
 Shared by the gateway_config filter (roles/dcu_gateway) and dcu_serving.gateway.config (a symlink to this
