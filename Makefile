@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv loadgen capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv loadgen gateway capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,22 @@ $(LOADGEN)/.stamp: requirements/benchmark.txt pyproject.toml
 
 loadgen: venv $(LOADGEN)/.stamp  ## build/loadgen-venv: aiperf (pinned with hashes, requirements/benchmark.txt) and dcu-benchmark
 
+# The gateway's venv (LiteLLM's proxy, requirements/gateway.txt: 118 packages), built as roles/dcu_gateway builds it
+# on a gateway host: every wheel checked against its hash, installed offline from a wheelhouse. dcu-serving goes in
+# without its dependencies, for the auth and hook modules LiteLLM loads (src/dcu_serving/gateway).
+GATEWAY := build/gateway-venv
+GATEWAY_WHEELS := build/gateway-wheels
+$(GATEWAY)/.stamp: requirements/gateway.txt pyproject.toml
+	$(BIN)/pip download -q --require-hashes --only-binary :all: -r requirements/gateway.txt -d $(GATEWAY_WHEELS)
+	rm -rf $(GATEWAY) && $(PY) -m venv $(GATEWAY)
+	$(GATEWAY)/bin/pip install -q --no-index --find-links $(GATEWAY_WHEELS) --require-hashes -r requirements/gateway.txt
+	$(GATEWAY)/bin/pip install -q --no-deps -e .
+	touch $@
+
+gateway: venv images $(GATEWAY)/.stamp  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy, and roles/dcu_gateway on a node
+	tools/ensure-docker
+	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm $(BIN)/pytest -q -m gateway tests/gateway
+
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
 	DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf $(BIN)/pytest -q -m loadgen
 
@@ -58,11 +74,11 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	rm -f changelogs/.plugin-cache.yaml
 
 unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
-	$(BIN)/pytest -q -m "not docker and not loadgen" -n auto  # one worker per core: the cases start real servers, CPU-bound
+	$(BIN)/pytest -q -m "not docker and not loadgen and not gateway" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
-	$(BIN)/pytest -q -m docker
+	$(BIN)/pytest -q -m "docker and not gateway"
 
 images: venv  ## build the local test images (cached by recipe hash)
 	tools/ensure-docker
@@ -86,7 +102,7 @@ integration: venv images bundle  ## every molecule scenario and the compat check
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker capacity integration  ## everything CI runs, cheapest first
+test: lint unit unit-docker capacity gateway integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/

@@ -139,6 +139,50 @@ def test_collections_install_offline_from_the_bundle(build, local_manifest, tmp_
     assert (tmp_path / "c/ansible_collections/dcu/serving/MANIFEST.json").is_file()
 
 
+def tiny_wheel(directory) -> tuple[str, str]:
+    """A minimal wheel, tiny-1.0, in `directory`; returns (file name, sha256)."""
+    import hashlib
+    import zipfile
+    name = "tiny-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(directory / name, "w") as whl:
+        whl.writestr("tiny.py", "")
+        whl.writestr("tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n")
+        whl.writestr("tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                                                "Tag: py3-none-any\n")
+        whl.writestr("tiny-1.0.dist-info/RECORD", "")
+    return name, hashlib.sha256((directory / name).read_bytes()).hexdigest()
+
+
+def test_a_hashed_requirements_file_brings_its_wheels_and_refuses_another_sum(build, local_manifest, tmp_path,
+                                                                              monkeypatch):
+    index = tmp_path / "index"
+    index.mkdir()
+    name, digest = tiny_wheel(index)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the index here is a directory: no registry is asked
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    pinned = tmp_path / "gateway.txt"
+    pinned.write_text(f"tiny==1.0 --hash=sha256:{digest}\n")
+    local_manifest["wheels"]["hashed"] = [str(pinned)]
+    build(local_manifest)
+    wheels = {a["file"]: a["sha256"] for a in index_of(tmp_path / "bundle") if a["kind"] == "wheel"}
+    assert wheels[f"wheels/{name}"] == digest
+    assert any(f.startswith("wheels/dcu_serving-") for f in wheels)  # the unhashed requirements still come
+
+    pinned.write_text(f"tiny==1.0 --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(BuildError) as err:
+        build(local_manifest, tmp_path / "other")
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in str(err.value)
+
+    local_manifest["wheels"]["hashed"] = [str(tmp_path / "missing.txt")]
+    with pytest.raises(ManifestError) as bad:
+        build(local_manifest, tmp_path / "third")
+    assert "dcu_bundle_manifest.wheels.hashed[0]" in str(bad.value) and "pip-compile" in str(bad.value)
+
+
+def index_of(bundle) -> list[dict]:
+    return index(bundle)["artifacts"]
+
+
 def test_manylinux_request_covers_older_glibc_wheels():
     tags = expand_platforms(["manylinux_2_36_x86_64"])
     for tag in ("manylinux_2_36_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"):

@@ -67,6 +67,27 @@ def test_a_reload_changes_who_may_call(start_sim, start_proxy):
     wait_until(lambda: call(proxy, "127.0.0.3", payload=body())[0] == 200, 5, what="no gateway: anyone may call")
 
 
+def results(proxy) -> list[dict]:
+    text = proxy.results_path.read_text() if proxy.results_path.exists() else ""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_results_log_names_the_caller_the_gateway_names_and_only_behind_a_gateway(start_sim, start_proxy):
+    sim = start_sim(*FAST)
+    behind = start_proxy([sim.url], healthy=1, gateway=GATEWAY)
+    alone = start_proxy([sim.url], healthy=1)
+    for proxy in (behind, alone):
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10, source_address=("127.0.0.2", 0))
+        conn.request("POST", "/v1/chat/completions", json.dumps(body()),
+                     {"Content-Type": "application/json", "X-Caller": "billing"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    wait_until(lambda: results(behind) and results(alone), 5, what="a results line on each proxy")
+    assert results(behind)[0]["caller"] == "billing"
+    # Without a gateway anyone could claim any name: the header is not believed.
+    assert results(alone)[0]["caller"] is None
+
+
 BASE = {"backends": ["http://127.0.0.1:8002"], "models": ["m"]}
 
 

@@ -259,6 +259,7 @@ class Builder:
                 if spec.constraints else None,
                 "local": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local},
                 "no_deps": spec.no_deps,
+                "hashed": {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in spec.hashed},
             }
             prev = [a for a in self.previous.values() if a.kind == "wheel"]
             if prev and all(a.extra.get("resolved_by") == request and self._verified(a.file, a.sha256) for a in prev):
@@ -266,23 +267,31 @@ class Builder:
                     self._record(a, "kept", start)
                 return prev
             dest = Path(tmp) / "download"
-            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                   "--only-binary", ":all:", "--python-version", spec.python_version,
-                   "--implementation", spec.implementation, "--abi", spec.abi, "--dest", str(dest)]
+            base = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                    "--only-binary", ":all:", "--python-version", spec.python_version,
+                    "--implementation", spec.implementation, "--abi", spec.abi, "--dest", str(dest)]
             for platform in expand_platforms(spec.platforms):
-                cmd += ["--platform", platform]
-            if spec.constraints:
-                cmd += ["--constraint", spec.constraints]
-            if spec.no_deps:
-                cmd.append("--no-deps")
-            cmd += [*spec.requirements, *map(str, local)]
+                base += ["--platform", platform]
+            runs = []
+            if spec.requirements or local:
+                cmd = list(base)
+                if spec.constraints:
+                    cmd += ["--constraint", spec.constraints]
+                if spec.no_deps:
+                    cmd.append("--no-deps")
+                runs.append([*cmd, *spec.requirements, *map(str, local)])
+            # A hashed file is resolved on its own: pip checks every wheel against the file's hashes, and
+            # hash-checking mode cannot mix with the unpinned requirements above.
+            runs += [[*base, "--require-hashes", "--requirement", path] for path in spec.hashed]
             self.progress.say(f"wheels: pip download for cp{spec.python_version.replace('.', '')} "
-                              f"{', '.join(spec.platforms)} ({len(spec.requirements) + len(local)} requirement(s))")
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                self.errors.append(f"wheels: pip download failed (exit {done.returncode}):\n"
-                                   f"{done.stderr.strip()[-2000:]}")
-                return []
+                              f"{', '.join(spec.platforms)} ({len(spec.requirements) + len(local)} requirement(s)"
+                              f"{', ' + ', '.join(spec.hashed) if spec.hashed else ''})")
+            for cmd in runs:
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    self.errors.append(f"wheels: pip download failed (exit {done.returncode}):\n"
+                                       f"{done.stderr.strip()[-2000:]}")
+                    return []
             local_names = {p.name for p in local}
             arts = []
             for whl in sorted(dest.glob("*.whl")):

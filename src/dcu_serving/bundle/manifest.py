@@ -6,7 +6,7 @@ Schema (docs/bundle.md):
     files:        [{name, kind: driver|dtk|hyhal, version, src: PATH|URL, sha256, file?}]
     images:       [{name, ref, version?, config_digest?, optional?}]
     wheels:       {python_version, platforms: [...], implementation?, abi?, requirements: [...],
-                   local_projects?: [...], constraints?, no_deps?}
+                   local_projects?: [...], constraints?, no_deps?, hashed?: [requirements file, ...]}
     collection:   {path}                      # this collection, built with ansible-galaxy
     collections:  [namespace.name, ...]       # from the installed `ansible` package, with dependencies
 """
@@ -62,6 +62,7 @@ class WheelSpec:
     local_projects: list[str] = field(default_factory=list)
     constraints: str | None = None
     no_deps: bool = False
+    hashed: list[str] = field(default_factory=list)  # fully pinned requirements files, each line with its hashes
 
 
 @dataclass
@@ -181,8 +182,13 @@ def parse(data: dict) -> Manifest:
                 errors.append(f"{where}.platforms: missing — the hosts' platform tags, e.g. [manylinux_2_36_x86_64]")
             reqs = _list(wheels, "requirements", where, errors)
             local = _list(wheels, "local_projects", where, errors)
-            if not reqs and not local:
-                errors.append(f"{where}: give requirements and/or local_projects")
+            hashed = _list(wheels, "hashed", where, errors)
+            for i, path in enumerate(hashed):
+                if not Path(str(path)).is_file():
+                    errors.append(f"{where}.hashed[{i}]: {path!r} is not a file — a requirements file pinned with "
+                                  "hashes (pip-compile --generate-hashes)")
+            if not reqs and not local and not hashed:
+                errors.append(f"{where}: give requirements, local_projects and/or hashed")
             if pyver and not re.match(r"^3\.\d+$", pyver):
                 errors.append(f"{where}.python_version: {pyver!r}; write major.minor, e.g. \"3.11\"")
             if pyver and platforms:
@@ -191,7 +197,7 @@ def parse(data: dict) -> Manifest:
                 m.wheels = WheelSpec(pyver, [str(p) for p in platforms], [str(r) for r in reqs], impl, abi,
                                      [str(p) for p in local],
                                      _text(wheels, "constraints", where, errors, required=False),
-                                     bool(wheels.get("no_deps", False)))
+                                     bool(wheels.get("no_deps", False)), [str(p) for p in hashed])
 
     coll = data.get("collection")
     if coll is not None:

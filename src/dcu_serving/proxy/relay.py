@@ -75,8 +75,10 @@ class Relay:
         t0 = loop.time()
         api = APIS[request.path]  # the path the listener routed here by
         rid = request_id(request)
-        rec = {"time": 0.0, "request_id": rid, "orid": None, "api": api.name, "model": None, "backend": None,
-               "status": 0, "finish_reason": None, "prompt_tokens": None, "completion_tokens": None,
+        # The calling system's alias, as the gateway names it; trusted only where only the gateway may call.
+        caller = request.headers.get("X-Caller") if self.settings.gateway_allow else None
+        rec = {"time": 0.0, "request_id": rid, "orid": None, "caller": caller, "api": api.name, "model": None,
+               "backend": None, "status": 0, "finish_reason": None, "prompt_tokens": None, "completion_tokens": None,
                "ttft_ms": None, "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0,
                "error": None}
         try:

@@ -28,7 +28,7 @@ from . import fastjson
 log = logging.getLogger("dcu_proxy")
 
 # The fields of a line, in order; docs/proxy.md describes each.
-FIELDS = ("time", "request_id", "orid", "api", "model", "backend", "status", "finish_reason", "prompt_tokens",
+FIELDS = ("time", "request_id", "orid", "caller", "api", "model", "backend", "status", "finish_reason", "prompt_tokens",
           "completion_tokens", "ttft_ms", "latency_ms", "queue_ms", "stream", "attempts", "error")
 
 FLUSH_INTERVAL = 0.05  # seconds a record may wait on the event loop before it goes to the writer thread

@@ -1,0 +1,109 @@
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""The LiteLLM config of a fleet's gateway, from the inventory's serving hosts (docs/fleet.md).
+
+Shared by the gateway_config filter (roles/dcu_gateway) and dcu_serving.gateway.config (a symlink to this
+file). Standard library only: it runs on the controller, under whatever Python runs Ansible.
+
+Every model each host serves becomes a deployment on that host's dcu-proxy; callers name the model, LiteLLM
+picks a host. Choices, each for a reason:
+- least-busy routing: the deployment with the fewest requests in flight from this gateway, so a host that
+  is slow to answer (its queue is long) gets fewer new ones;
+- retries only where no work was done: a connection refused or reset before an answer, and dcu-proxy's 503
+  (queue full, no healthy card) go once to another host; a timeout, a 500 or a 502 may have generated tokens
+  already and are returned as they are;
+- a host that fails `allowed_fails` times in a minute is left out for `cooldown` seconds (passive health
+  checks: an active one would spend a card's time on a generation at every interval, and dcu-proxy checks
+  its cards itself);
+- timeouts long enough for multimodal requests (many images, long answers): `request_timeout`;
+- no message logging, no spend logs, no database; LiteLLM's cost map is read from its own package
+  (LITELLM_LOCAL_MODEL_COST_MAP, set by the role), and tests/gateway proves it connects nowhere else.
+"""
+
+import re
+
+CALLER_AUTH = "dcu_serving.gateway.auth.user_api_key_auth"
+CALLER_HOOK = "dcu_serving.gateway.hooks.caller_header"
+DEFAULTS = {"request_timeout": 900, "retries": 1, "allowed_fails": 3, "cooldown": 30}
+URL = re.compile(r"^https?://[^/\s]+$")
+
+
+class FleetError(ValueError):
+    pass
+
+
+def deployments(hosts):
+    """One LiteLLM deployment per (host, model)."""
+    out, seen = [], set()
+    for i, host in enumerate(hosts or []):
+        where = f"dcu_gateway_hosts[{i}]"
+        if not isinstance(host, dict) or not host.get("name") or not host.get("url"):
+            raise FleetError(f"{where}: needs name and url (the host's dcu-proxy, e.g. http://10.0.0.11:8000)")
+        url = str(host["url"]).rstrip("/")
+        if not URL.match(url):
+            raise FleetError(f"{where}.url: {url!r} is not a base URL like http://10.0.0.11:8000 (no path)")
+        models = host.get("models") or []
+        if not isinstance(models, list) or not models:
+            raise FleetError(f"{where}.models: the host {host['name']} serves no model; list its served model names")
+        for model in models:
+            key = (host["name"], str(model))
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append({
+                "model_name": str(model),
+                "litellm_params": {
+                    "model": f"hosted_vllm/{model}",  # OpenAI-compatible, no provider-specific rewriting
+                    "api_base": url + "/v1",
+                    "api_key": "none",  # dcu-proxy trusts the gateway by address (gateway.allow), not a key
+                },
+                "model_info": {"id": f"{host['name']}/{model}"},
+            })
+    if not out:
+        raise FleetError("dcu_gateway_hosts: no serving host; put the hosts in the group dcu_gateway_serving_group "
+                         "names, or list them in dcu_gateway_hosts")
+    return out
+
+
+def gateway_config(hosts, settings=None):
+    s = dict(DEFAULTS)
+    s.update({k: v for k, v in (settings or {}).items() if v is not None})
+    for key in DEFAULTS:
+        if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 0:
+            raise FleetError(f"dcu_gateway_{key}: {s[key]!r}; give a whole number >= 0")
+    retries = s["retries"]
+    return {
+        "model_list": deployments(hosts),
+        "router_settings": {
+            "routing_strategy": "least-busy",
+            "num_retries": retries,
+            "retry_policy": {
+                "DefaultRetries": retries,  # connection errors: nothing reached a card
+                "ServiceUnavailableErrorRetries": retries,  # dcu-proxy's 503: queue full, no healthy card
+                "RateLimitErrorRetries": retries,
+                "TimeoutErrorRetries": 0,
+                "InternalServerErrorRetries": 0,
+                "BadRequestErrorRetries": 0,
+                "AuthenticationErrorRetries": 0,
+                "ContentPolicyViolationErrorRetries": 0,
+                "NotFoundErrorRetries": 0,
+            },
+            "allowed_fails": s["allowed_fails"],
+            "cooldown_time": s["cooldown"],
+            "timeout": s["request_timeout"],
+        },
+        "litellm_settings": {
+            "callbacks": [CALLER_HOOK],
+            "request_timeout": s["request_timeout"],
+            "turn_off_message_logging": True,
+            "redact_messages_in_exceptions": True,
+            "drop_params": False,
+        },
+        "general_settings": {
+            "master_key": "os.environ/LITELLM_MASTER_KEY",
+            "custom_auth": CALLER_AUTH,
+            "disable_spend_logs": True,
+            "background_health_checks": False,
+        },
+    }

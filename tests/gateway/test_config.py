@@ -1,0 +1,59 @@
+"""The gateway's LiteLLM config from the inventory's hosts: every model on every host, the choices that keep
+requests safe (retries only where no work was done), and mistakes named with their variable."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dcu.serving.plugins.filter.gateway import gateway_config
+
+HOSTS = [{"name": "dcu-a", "url": "http://10.0.0.11:8000", "models": ["MiniCPM-V-4.5", "bge-m3"]},
+         {"name": "dcu-b", "url": "http://10.0.0.12:8000/", "models": ["MiniCPM-V-4.5"]}]
+
+
+def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
+    config = gateway_config(HOSTS)
+    got = [(d["model_name"], d["litellm_params"]["api_base"], d["model_info"]["id"]) for d in config["model_list"]]
+    assert got == [("MiniCPM-V-4.5", "http://10.0.0.11:8000/v1", "dcu-a/MiniCPM-V-4.5"),
+                   ("bge-m3", "http://10.0.0.11:8000/v1", "dcu-a/bge-m3"),
+                   ("MiniCPM-V-4.5", "http://10.0.0.12:8000/v1", "dcu-b/MiniCPM-V-4.5")]
+    router = config["router_settings"]
+    assert router["routing_strategy"] == "least-busy"
+    # Once to another host where nothing was generated; never after a timeout or a broken answer.
+    policy = router["retry_policy"]
+    assert policy["ServiceUnavailableErrorRetries"] == 1 and policy["DefaultRetries"] == 1
+    assert policy["TimeoutErrorRetries"] == 0 and policy["InternalServerErrorRetries"] == 0
+    general = config["general_settings"]
+    assert general["custom_auth"] == "dcu_serving.gateway.auth.user_api_key_auth"
+    assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"  # never the key itself in the file
+    assert config["litellm_settings"]["turn_off_message_logging"] is True
+
+
+def test_settings_reach_the_config():
+    config = gateway_config(HOSTS, {"request_timeout": 1800, "retries": 0, "cooldown": 5})
+    assert config["litellm_settings"]["request_timeout"] == 1800
+    assert config["router_settings"]["retry_policy"]["DefaultRetries"] == 0
+    assert config["router_settings"]["cooldown_time"] == 5
+
+
+@pytest.mark.parametrize(("hosts", "settings", "message"), [
+    ([], None, "dcu_gateway_hosts: no serving host"),
+    ([{"name": "a", "url": "http://10.0.0.11:8000/v1", "models": ["m"]}], None, "dcu_gateway_hosts[0].url"),
+    ([{"name": "a", "url": "http://10.0.0.11:8000", "models": []}], None, "dcu_gateway_hosts[0].models"),
+    ([{"url": "http://10.0.0.11:8000", "models": ["m"]}], None, "dcu_gateway_hosts[0]: needs name and url"),
+    (HOSTS, {"retries": -1}, "dcu_gateway_retries"),
+])
+def test_mistakes_name_the_variable(hosts, settings, message):
+    with pytest.raises(AnsibleFilterError) as err:
+        gateway_config(hosts, settings)
+    assert message in str(err.value)
+
+
+def test_the_role_installs_exactly_the_pinned_requirements():
+    """roles/dcu_gateway/files/requirements.txt is the collection's copy of requirements/gateway.txt (requirements/
+    is not part of the collection): a re-pin that forgets the copy would install other versions than reviewed."""
+    from support import REPO
+    pinned = (REPO / "requirements/gateway.txt").read_text()
+    assert (REPO / "roles/dcu_gateway/files/requirements.txt").read_text() == pinned
+    assert "litellm==1.106.12" in pinned and pinned.count("--hash=sha256:") > 117

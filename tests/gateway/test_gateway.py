@@ -1,0 +1,155 @@
+"""The gateway for real: LiteLLM's proxy (build/gateway-venv, `make gateway`) with this project's auth and caller
+hook, in front of a real dcu-proxy and two simulated cards, driven by the official openai SDK: a chat with the
+caller's alias in the host's results log, 401 for a wrong key, 429 past a caller's rpm and past its concurrent.
+
+Outside connections: LiteLLM runs under `strace -f -e trace=connect,sendto,sendmsg`, and every address any of its
+processes and threads connected or sent to is read: each must be the loopback (the dcu-proxy, itself) or a local
+socket. A DNS lookup, a cost-map fetch or telemetry would show as another address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from dcu_serving.gateway.config import gateway_config
+from support import FAST_SIM, REPO, SERVED_MODEL, ServerProcess, free_port
+
+pytestmark = pytest.mark.gateway
+
+LITELLM = os.environ.get("DCU_LITELLM", str(REPO / "build/gateway-venv/bin/litellm"))
+KEYS = {"billing": "sk-billing-0123456789", "batch": "sk-batch-0123456789", "solo": "sk-solo-0123456789"}
+BATCH_RPM = 3
+
+
+@dataclass
+class Gateway(ServerProcess):
+    trace: Path | None = None
+
+    def start(self, ready_path="/health/liveliness", timeout=120.0):
+        out = open(self.log, "ab")  # noqa: SIM115
+        # Its own session: strace, LiteLLM and its workers are stopped together.
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                     start_new_session=True)
+        self.wait_ready(ready_path, timeout)
+        return self
+
+    def stop(self, timeout=20.0):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def addresses(self) -> list[str]:
+        """Every internet address LiteLLM's processes connected or sent to (local sockets left out)."""
+        return re.findall(r"sa_family=AF_INET6?, [^}]*", self.trace.read_text())
+
+
+@pytest.fixture
+def fleet(tmp_path, start_sim, start_proxy):
+    if not Path(LITELLM).exists():
+        pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
+    # Answers take ~0.3 s (10 tokens at 30 ms): long enough for requests sent together to overlap.
+    cards = [start_sim(*FAST_SIM, "--sim-itl-ms", "30"), start_sim(*FAST_SIM, "--sim-itl-ms", "30")]
+    port = free_port()
+    # The host trusts the gateway's address only (here the loopback's 127.0.0.1, where LiteLLM connects from).
+    proxy = start_proxy([c.url for c in cards], healthy=2,
+                        gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"]})
+    config = gateway_config([{"name": "host1", "url": proxy.url, "models": [SERVED_MODEL]}])
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"callers": [
+        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest(), "concurrent": 8},
+        {"alias": "batch", "sha256": hashlib.sha256(KEYS["batch"].encode()).hexdigest(), "rpm": BATCH_RPM},
+        {"alias": "solo", "sha256": hashlib.sha256(KEYS["solo"].encode()).hexdigest(), "concurrent": 1},
+    ]}))
+    keys.chmod(0o600)
+    trace = tmp_path / "network.trace"
+    gateway = Gateway(
+        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg", "-o", str(trace),
+         LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
+         "--num_workers", "1"],
+        port, log=tmp_path / "gateway.log", trace=trace,
+        env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
+             "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
+    try:
+        gateway.start()
+        yield gateway, proxy, cards
+    finally:
+        gateway.stop()
+
+
+def client(gateway, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_callers_reach_the_cards_by_key_with_their_alias_and_limits_and_nothing_leaves(fleet):
+    gateway, proxy, cards = fleet
+
+    # A chat answered by a card; the host's results line names the card and the caller.
+    chat = client(gateway, KEYS["billing"]).chat.completions.create(
+        model=SERVED_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=16)
+    assert chat.choices[0].message.content
+    [line] = proxy.results(1)
+    assert line["status"] == 200 and line["caller"] == "billing"
+    assert line["backend"] in {f"127.0.0.1:{c.port}" for c in cards}
+
+    # A key the gateway does not know: 401, and nothing reached the host.
+    with pytest.raises(openai.AuthenticationError) as refused:
+        client(gateway, "sk-nobody").chat.completions.create(
+            model=SERVED_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=16)
+    assert refused.value.status_code == 401
+
+    # A caller over its requests per minute: 429 once its BATCH_RPM are used, while other callers go on.
+    batch = client(gateway, KEYS["batch"])
+    statuses = []
+    for _ in range(BATCH_RPM + 2):
+        try:
+            batch.chat.completions.create(model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=8)
+            statuses.append(200)
+        except openai.RateLimitError as e:
+            statuses.append(e.status_code)
+    assert statuses == [200] * BATCH_RPM + [429, 429]
+    assert client(gateway, KEYS["billing"]).chat.completions.create(
+        model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8).choices
+
+    # A caller allowed one request in flight: of three sent together, one is answered and the others get 429.
+    def solo(_):
+        try:
+            client(gateway, KEYS["solo"]).chat.completions.create(
+                model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+            return 200
+        except openai.RateLimitError as e:
+            return e.status_code
+    with ThreadPoolExecutor(3) as pool:
+        together = sorted(pool.map(solo, range(3)))
+    assert together[0] == 200 and together[-1] == 429, together
+    assert solo(None) == 200  # its slot is free again once the answer is done
+
+    lines = proxy.results(2 + BATCH_RPM + together.count(200) + 1)
+    assert sorted(rec["caller"] for rec in lines) == sorted(
+        ["billing"] * 2 + ["batch"] * BATCH_RPM + ["solo"] * (together.count(200) + 1))
+    assert all(rec["status"] == 200 for rec in lines)  # refused callers never reached the host
+
+    # No request content in the gateway's output.
+    assert "Hello" not in gateway.tail(10_000)
+    # Every connection LiteLLM opened stayed on this machine.
+    addresses = gateway.addresses()
+    assert any(f"htons({proxy.port})" in a for a in addresses), addresses  # the trace sees its real traffic
+    outside = [a for a in addresses if '"127.0.0.1"' not in a and '"::1"' not in a]
+    assert outside == [], outside
