@@ -45,14 +45,17 @@ READ = 8 * MIB
 READ_AHEAD = 8  # blocks of READ bytes the reading thread may be ahead of the sender
 
 # Runs on the host with the interpreter the module ran with: Python 2.7 and 3.6+ (no f-strings).
-# argv: data file, progress file, the ranges as `index:offset:size,...`. Reads the ranges from stdin back to back,
-# writes each at its offset and hashes it as it arrives. A thread syncs the file as it fills and records a whole
+# argv: data file, progress file, the ranges as `index:offset:size,...`, 1 when they are the whole file in order
+# (else 0). Reads the ranges from stdin back to back, writes each at its offset and hashes it as it arrives (and
+# the whole file, with 1). A thread syncs the file as it fills and records a whole
 # range (`<index> <sha256>`) once a sync that began after its last byte ended: receiving never waits for the disk,
-# and a range cut short (the run interrupted) is never recorded. Prints {"ranges": [{"index", "size", "sha256"}]}.
+# and a range cut short (the run interrupted) is never recorded. Prints {"ranges": [{"index", "size", "sha256"}],
+# "whole": the file's sha256 (with 1, once every range arrived), "error"}.
 RECEIVER = """
 import hashlib, json, os, sys, threading
 path, progress = sys.argv[1], sys.argv[2]
 ranges = [[int(n) for n in spec.split(":")] for spec in sys.argv[3].split(",")]
+whole = hashlib.sha256() if sys.argv[4] == "1" else None
 SYNC = 67108864
 try:
     import fcntl
@@ -62,20 +65,20 @@ except Exception:
 fd = os.open(path, os.O_WRONLY | os.O_CREAT, 384)
 records = open(progress, "a")
 cond = threading.Condition()
-state = {"whole": [], "dirty": 0, "done": False, "error": None}
+state = {"ready": [], "dirty": 0, "done": False, "error": None}
 
 
 def flush():
     try:
         while True:
             with cond:
-                while not (state["done"] or state["whole"] or state["dirty"] >= SYNC):
+                while not (state["done"] or state["ready"] or state["dirty"] >= SYNC):
                     cond.wait()
-                whole, done = state["whole"], state["done"]
-                state["whole"], state["dirty"] = [], 0
+                ready, done = state["ready"], state["done"]
+                state["ready"], state["dirty"] = [], 0
             os.fsync(fd)
-            if whole:
-                records.write("".join("%d %s\\n" % pair for pair in whole))
+            if ready:
+                records.write("".join("%d %s\\n" % pair for pair in ready))
                 records.flush()
                 os.fsync(records.fileno())
             if done:
@@ -98,6 +101,8 @@ try:
             if not block:
                 break
             digest.update(block)
+            if whole:
+                whole.update(block)
             got = len(block)
             left -= got
             while block:
@@ -112,7 +117,7 @@ try:
             break
         out.append({"index": index, "size": size, "sha256": digest.hexdigest()})
         with cond:
-            state["whole"].append((index, out[-1]["sha256"]))
+            state["ready"].append((index, out[-1]["sha256"]))
             cond.notify()
 finally:
     with cond:
@@ -121,8 +126,10 @@ finally:
     flusher.join()
     os.close(fd)
     records.close()
-sys.stdout.write(json.dumps({"ranges": out, "error": state["error"]}) + "\\n")
-sys.exit(0 if state["error"] is None and len(out) == len(ranges) and all(r["sha256"] for r in out) else 3)
+complete = state["error"] is None and len(out) == len(ranges) and all(r["sha256"] for r in out)
+report = {"ranges": out, "error": state["error"], "whole": whole.hexdigest() if whole and complete else None}
+sys.stdout.write(json.dumps(report) + "\\n")
+sys.exit(0 if complete else 3)
 """
 
 
@@ -171,41 +178,26 @@ def store_sums(path, sha256, sums):
 
 def hash_ranges(path, ranges):
     """([sha256 of each range], sha256 of the file) of the file at `path`, read once in order."""
-    hashing = Hashing()
+    whole, sums = hashlib.sha256(), []
     with open(path, "rb") as handle:
         for _index, offset, size in ranges:
+            digest = hashlib.sha256()
             left = size
             while left:
                 block = handle.read(min(READ, left))
                 if not block:
                     raise AnsibleActionFail("{0} ended before offset {1}: did it change?".format(path, offset + size))
-                hashing.update(block)
+                digest.update(block)
+                whole.update(block)
                 left -= len(block)
-            hashing.end()
-    return hashing.sums, hashing.whole.hexdigest()
+            sums.append(digest.hexdigest())
+    return sums, whole.hexdigest()
 
 
-class Hashing(object):
-    """Sums of the bytes read, range by range and of the whole file (valid when every range is read, in order)."""
-
-    def __init__(self):
-        self.whole = hashlib.sha256()
-        self.range = hashlib.sha256()
-        self.sums = []
-
-    def update(self, block):
-        self.range.update(block)
-        self.whole.update(block)
-
-    def end(self):
-        self.sums.append(self.range.hexdigest())
-        self.range = hashlib.sha256()
-
-
-def read_ahead(path, todo, hashing=None, depth=READ_AHEAD):
+def read_ahead(path, todo, depth=READ_AHEAD):
     """Yield (index, block) for each block of the ranges `todo` [(index, offset, size)] of the file at `path`, in
-    order, and (index, None) at the end of each range. A thread reads (and, with `hashing`, hashes) up to `depth`
-    blocks ahead of the consumer, so reading the next bytes overlaps sending these; memory: `depth` blocks."""
+    order, and (index, None) at the end of each range. A thread reads up to `depth` blocks ahead of the consumer,
+    so reading the next bytes overlaps sending these; memory: `depth` blocks."""
     blocks = queue.Queue(depth)
     stop = threading.Event()
 
@@ -230,12 +222,8 @@ def read_ahead(path, todo, hashing=None, depth=READ_AHEAD):
                             raise AnsibleActionFail("{0} ended before offset {1}: did it change?".format(
                                 path, offset + size))
                         left -= len(block)
-                        if hashing:
-                            hashing.update(block)
                         if not put((index, block)):
                             return
-                    if hashing:
-                        hashing.end()
                     if not put((index, None)):
                         return
             put(None)
@@ -297,8 +285,8 @@ def stream(argv, blocks, shell=False):
 
 
 def received(rc, stdout, stderr, todo):
-    """{index: sha256 the host computed} for every range of `todo`, from the receiver's report; fails naming the
-    ranges that did not arrive whole and the receiver's error."""
+    """({index: sha256 the host computed} for every range of `todo`, the whole file's sha256 or None) from the
+    receiver's report; fails naming the ranges that did not arrive whole and the receiver's error."""
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     try:
         report = json.loads(lines[-1])
@@ -310,7 +298,7 @@ def received(rc, stdout, stderr, todo):
         raise AnsibleActionFail("the receiver on the host ended (rc {0}) with ranges {1} of {2} not received{3}: "
                                 "{4}{5}".format(rc, missing, len(todo), ", error " + report["error"]
                                                 if report.get("error") else "", stdout[-2000:], stderr[-2000:]))
-    return got
+    return got, report.get("whole")
 
 
 class ActionModule(ActionBase):
@@ -351,17 +339,19 @@ class ActionModule(ActionBase):
             return [to_bytes(a) for a in conn._build_exec_cmd([self._play_context.executable, "-c", cmd])], False
         return None
 
-    def _send(self, status, src, todo, hashing=None):
-        """Send the ranges `todo` of `src` to the host: {index: sha256 the host computed as it wrote}."""
+    def _send(self, status, src, todo, whole=False):
+        """Send the ranges `todo` of `src` to the host: ({index: sha256 the host computed as it wrote}, with `whole`
+        (`todo` is the whole file, in order) the file's sha256 on the host, else None)."""
         def receiver(ranges):
             return " ".join(shlex_quote(to_text(a)) for a in (
-                status["python"], "-c", RECEIVER, status["data"], status["progress"], spec_of(ranges)))
+                status["python"], "-c", RECEIVER, status["data"], status["progress"], spec_of(ranges), int(whole)))
 
-        blocks = read_ahead(src, todo, hashing)
+        blocks = read_ahead(src, todo)
         streaming = self._stream_argv(receiver(todo))
         if streaming:
             display.vvv("bundle_send: one stream for {0} ranges".format(len(todo)))
             return received(*stream(streaming[0], blocks, shell=streaming[1]), todo=todo)
+        whole = False  # one command per range: the host sees no whole file
         got, pieces = {}, []
         for index, block in blocks:  # one command per range, its bytes as in_data (held in memory)
             if block is not None:
@@ -370,8 +360,8 @@ class ActionModule(ActionBase):
             one = [r for r in todo if r[0] == index]
             res = self._low_level_execute_command(receiver(one), sudoable=True, in_data=b"".join(pieces))
             pieces = []
-            got.update(received(res.get("rc"), res.get("stdout", ""), res.get("stderr", ""), one))
-        return got
+            got.update(received(res.get("rc"), res.get("stdout", ""), res.get("stderr", ""), one)[0])
+        return got, None
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
@@ -404,14 +394,11 @@ class ActionModule(ActionBase):
             started = time.time()
             held = dict((int(k), v) for k, v in status.get("held", {}).items())
             known_path = sums_path(expected_file, chunk_bytes)
-            # Remembered sums spare the controller hashing anything. Without them it hashes what it sends as it
-            # reads it; only when the host holds ranges of an earlier run must it hash the whole file first, to
-            # know which of them are right.
+            # The controller hashes nothing when it sends the whole file. Only when the host holds ranges of an
+            # earlier run, and no sums are remembered, does it hash its file first, to know which of them are right.
             sums = load_sums(known_path, expected_file, len(ranges))
             if held and not sums:
-                sums, whole = hash_ranges(src, ranges)
-                self._check_source(name, src, whole, expected_file)
-                store_sums(known_path, expected_file, sums)
+                sums = self._source_sums(name, src, ranges, expected_file, known_path)
             todo = [r for r in ranges if not (sums and r[0] in held and held[r[0]] == sums[r[0]])]
             result["sent"] = [index for index, _offset, _size in todo]
             result["changed"] = True  # not in place: at least the finish puts it there
@@ -422,31 +409,35 @@ class ActionModule(ActionBase):
             if self._task.check_mode:
                 return result
 
+            # Sums come only from a file whose whole sum was the artifact's. Without them, the host hashes the
+            # whole file as it writes it (when it receives all of it), and the controller nothing.
+            full = bool(todo) and len(todo) == len(ranges)
             if todo:
-                hashing = None if sums else Hashing()  # no sums: every range is sent, in order
-                got = self._send(status, src, todo, hashing)
-                if hashing:
-                    self._check_source(name, src, hashing.whole.hexdigest(), expected_file)
-                    sums = hashing.sums
+                got, whole = self._send(status, src, todo, whole=full and not sums)
+                if whole == expected_file:  # the host's copy is the artifact: its range sums are the artifact's
+                    sums = [got[i] for i, _offset, _size in ranges]
                     store_sums(known_path, expected_file, sums)
-                    for entry in result["ranges"]:
-                        entry["sha256"] = sums[entry["index"]]
+                elif not sums:
+                    sums = self._source_sums(name, src, ranges, expected_file, known_path)
+                for entry in result["ranges"]:
+                    entry["sha256"] = sums[entry["index"]]
                 wrong = [r for r in todo if got[r[0]] != sums[r[0]]]
                 if wrong:
                     display.warning("{0}: ranges {1} arrived with other sums than the controller's; sending them "
                                     "again".format(name, [r[0] for r in wrong]))
-                    got.update(self._send(status, src, wrong))
+                    got.update(self._send(status, src, wrong)[0])
                 for index, offset, _size in wrong:
                     if got[index] != sums[index]:
                         raise AnsibleActionFail("{0}: range {1} (offset {2}) arrived twice with sha256 {3}, "
                                                 "expected {4}".format(name, index, offset, got[index], sums[index]))
+                if whole not in (None, expected_file) and not wrong:
+                    full = False  # cannot be (every range right, the whole not): the finish reads it and decides
                 display.vvv("{0}: {1} ranges sent, {2:.1f} s".format(name, len(todo), time.time() - started))
-            # Every range was hashed as it was written and matched the controller's sum of it, whose ranges
-            # make the artifact's sum: the host need not read the file again (it does when a range is from an
-            # earlier run: those bytes waited on disk).
+            # Every range was sent in this run, hashed on the host as it was written, and has its sum among sums that
+            # make the artifact's: the finish need not read the file again (it does after a resume: the ranges of
+            # the earlier run waited on disk).
             finish = self._execute_module(module_name="dcu.serving.bundle_send", task_vars=task_vars,
-                                          module_args=dict(module_args, phase="finish",
-                                                           hashed=bool(todo) and len(todo) == len(ranges)))
+                                          module_args=dict(module_args, phase="finish", hashed=full))
             display.vvv("{0}: in place, {1:.1f} s".format(name, time.time() - started))
             if finish.get("failed"):
                 return dict(finish, ranges=result["ranges"], sent=result["sent"])
@@ -458,7 +449,11 @@ class ActionModule(ActionBase):
             self._remove_tmp_path(self._connection._shell.tmpdir)
 
     @staticmethod
-    def _check_source(name, src, actual, expected):
+    def _source_sums(name, src, ranges, expected, known_path):
+        """The range sums of the controller's file, once its whole sum is the artifact's; remembered."""
+        sums, actual = hash_ranges(src, ranges)
         if actual != expected:
             raise AnsibleActionFail("{0}: {1} has sha256 {2} now, expected {3}: the source changed".format(
                 name, src, actual, expected))
+        store_sums(known_path, expected, sums)
+        return sums

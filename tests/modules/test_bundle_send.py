@@ -18,7 +18,6 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.dcu.serving.plugins.action.bundle_send import (
     RECEIVER,
-    Hashing,
     hash_ranges,
     load_sums,
     ranges_of,
@@ -75,16 +74,14 @@ def test_the_controller_hashes_each_range_and_the_whole_in_order(tmp_path):
         hash_ranges(str(tmp_path / "src"), ranges_of(3000, 1000))
 
 
-def test_read_ahead_yields_the_ranges_asked_for_in_order_and_hashes_them(tmp_path, monkeypatch):
+def test_read_ahead_yields_the_ranges_asked_for_in_order(tmp_path, monkeypatch):
     monkeypatch.setattr("ansible_collections.dcu.serving.plugins.action.bundle_send.READ", 300)
     blob = os.urandom(2500)
     (tmp_path / "src").write_bytes(blob)
-    hashing = Hashing()
-    items = list(read_ahead(str(tmp_path / "src"), ranges_of(2500, 1000), hashing, depth=2))
+    items = list(read_ahead(str(tmp_path / "src"), ranges_of(2500, 1000), depth=2))
     assert [index for index, block in items if block is None] == [0, 1, 2]
+    assert max(len(block or b"") for _index, block in items) == 300
     assert b"".join(block for _index, block in items if block) == blob
-    assert hashing.sums == hash_ranges(str(tmp_path / "src"), ranges_of(2500, 1000))[0]
-    assert hashing.whole.hexdigest() == hashlib.sha256(blob).hexdigest()
     some = [(2, 2000, 500), (0, 0, 1000)]
     assert b"".join(b for _i, b in read_ahead(str(tmp_path / "src"), some) if b) == blob[2000:] + blob[:1000]
     with pytest.raises(AnsibleActionFail, match="did it change"):
@@ -102,12 +99,12 @@ def test_read_ahead_stops_its_thread_when_the_consumer_stops(tmp_path, monkeypat
     assert threading.active_count() == before
 
 
-def receiver_argv(tmp_path, todo, python=sys.executable):
-    return [python, "-c", RECEIVER, str(tmp_path / "data"), str(tmp_path / "progress"), spec_of(todo)]
+def receiver_argv(tmp_path, todo, python=sys.executable, whole=False):
+    return [python, "-c", RECEIVER, str(tmp_path / "data"), str(tmp_path / "progress"), spec_of(todo), str(int(whole))]
 
 
-def receive(tmp_path, data: bytes, todo):
-    proc = subprocess.run(receiver_argv(tmp_path, todo), input=data, capture_output=True, timeout=60)
+def receive(tmp_path, data: bytes, todo, whole=False):
+    proc = subprocess.run(receiver_argv(tmp_path, todo, whole=whole), input=data, capture_output=True, timeout=60)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -115,7 +112,7 @@ def test_the_receiver_writes_each_range_at_its_offset_and_records_it(tmp_path):
     blob = os.urandom(2500)
     todo = [(2, 2000, 500), (0, 0, 1000)]  # any order, back to back in one command
     rc, out = receive(tmp_path, blob[2000:] + blob[:1000], todo)
-    assert rc == 0 and out["error"] is None
+    assert rc == 0 and out["error"] is None and out["whole"] is None  # not asked for
     assert out["ranges"] == [{"index": i, "size": n, "sha256": hashlib.sha256(blob[o:o + n]).hexdigest()}
                              for i, o, n in todo]
     rc, out = receive(tmp_path, blob[1000:2000], [(1, 1000, 1000)])
@@ -127,8 +124,8 @@ def test_the_receiver_writes_each_range_at_its_offset_and_records_it(tmp_path):
 
 def test_a_range_cut_short_is_not_recorded_and_the_whole_ones_before_it_are(tmp_path):
     blob = os.urandom(2500)
-    rc, out = receive(tmp_path, blob[:1000] + blob[1000:1010], ranges_of(2500, 1000))
-    assert rc == 3 and out["ranges"][1] == {"index": 1, "size": 10, "sha256": None}
+    rc, out = receive(tmp_path, blob[:1000] + blob[1000:1010], ranges_of(2500, 1000), whole=True)
+    assert rc == 3 and out["ranges"][1] == {"index": 1, "size": 10, "sha256": None} and out["whole"] is None
     assert read_progress(str(tmp_path / "progress")) == {0: hashlib.sha256(blob[:1000]).hexdigest()}
     with pytest.raises(AnsibleActionFail, match=r"rc 3\) with ranges \[1, 2\] of 3 not received"):
         received(rc, json.dumps(out), "", ranges_of(2500, 1000))
@@ -138,10 +135,10 @@ def test_one_stream_sends_every_range_and_reports_the_hosts_sums(tmp_path):
     blob = os.urandom(5 * MIB + 3)
     (tmp_path / "src").write_bytes(blob)
     todo = ranges_of(len(blob), MIB)
-    hashing = Hashing()
-    got = received(*stream(receiver_argv(tmp_path, todo), read_ahead(str(tmp_path / "src"), todo, hashing)),
-                   todo=todo)
-    assert [got[i] for i in range(len(todo))] == hashing.sums
+    got, whole = received(*stream(receiver_argv(tmp_path, todo, whole=True), read_ahead(str(tmp_path / "src"), todo)),
+                          todo=todo)
+    assert [got[i] for i in range(len(todo))] == hash_ranges(str(tmp_path / "src"), todo)[0]
+    assert whole == hashlib.sha256(blob).hexdigest()  # hashed on the host as it arrived: not read again
     assert (tmp_path / "data").read_bytes() == blob
     assert read_progress(str(tmp_path / "progress")) == got
 
@@ -173,9 +170,9 @@ def test_an_interrupted_stream_resumes_without_sending_the_whole_ranges_again(tm
             sent.append(len(block or b""))
             yield index, block
 
-    got = received(*stream(receiver_argv(tmp_path, rest), counted(read_ahead(str(tmp_path / "src"), rest))),
-                   todo=rest)
-    assert sum(sent) == 3 * MIB and got == {i: sums[i] for i in (3, 4, 5)}
+    got, whole = received(*stream(receiver_argv(tmp_path, rest), counted(read_ahead(str(tmp_path / "src"), rest))),
+                          todo=rest)
+    assert sum(sent) == 3 * MIB and got == {i: sums[i] for i in (3, 4, 5)} and whole is None
     assert (tmp_path / "data").read_bytes() == blob
 
 
@@ -195,12 +192,14 @@ def test_the_receiver_runs_on_old_pythons(tmp_path, version):
     if not python:
         pytest.skip(f"no python{version} here")
     data = os.urandom(3 * MIB + 7)
-    todo = [(1, 5 + MIB, len(data) - MIB), (0, 5, MIB)]
-    proc = subprocess.run(receiver_argv(tmp_path, todo, python), input=data[MIB:] + data[:MIB],
-                          capture_output=True, timeout=60)
+    todo = [(0, 5, MIB), (1, 5 + MIB, len(data) - MIB)]
+    proc = subprocess.run(receiver_argv(tmp_path, todo, python, whole=True), input=data, capture_output=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert [r["sha256"] for r in json.loads(proc.stdout)["ranges"]] == [
-        hashlib.sha256(data[MIB:]).hexdigest(), hashlib.sha256(data[:MIB]).hexdigest()]
+    report = json.loads(proc.stdout)
+    assert [r["sha256"] for r in report["ranges"]] == [
+        hashlib.sha256(data[:MIB]).hexdigest(), hashlib.sha256(data[MIB:]).hexdigest()]
+    assert report["whole"] == hashlib.sha256(data).hexdigest()
     assert (tmp_path / "data").read_bytes() == bytes(5) + data
 
 
