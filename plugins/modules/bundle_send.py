@@ -16,8 +16,8 @@ description:
     C(data) in the directory O(parts), hashes it as it writes, and appends C(<index> <sha256>) to
     C(progress-<range bytes>) beside it once the range is on disk (a thread syncs the file as it fills, so
     receiving does not wait for the disk). On the controller a thread reads the ranges a few blocks ahead of
-    the sender, so reading overlaps sending. No chunk files on either side, so every byte is read once, crosses the connection once and is
-    written once.
+    the sender, so reading overlaps sending. No chunk files on either side, so every byte is read once,
+    crosses the connection once and is written once.
   - The one command is the connection's own (the ssh command with its options and control socket,
     C(docker exec -i) of community.docker.docker, or a local shell), with its stdin fed as the file is read.
     With another connection, or when ssh or become waits for a password, each range goes through the
