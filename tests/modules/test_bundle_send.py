@@ -18,6 +18,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.dcu.serving.plugins.action.bundle_send import (
     RECEIVER,
+    ActionModule,
     hash_ranges,
     load_sums,
     ranges_of,
@@ -174,6 +175,35 @@ def test_an_interrupted_stream_resumes_without_sending_the_whole_ranges_again(tm
                           todo=rest)
     assert sum(sent) == 3 * MIB and got == {i: sums[i] for i in (3, 4, 5)} and whole is None
     assert (tmp_path / "data").read_bytes() == blob
+
+
+class PerRange(ActionModule):
+    """The action's sender on a connection with no stream: each command runs here, its bytes as in_data."""
+
+    def __init__(self):  # pylint: disable=super-init-not-called  # no task, no connection
+        self.inputs = []
+
+    def _stream_argv(self, cmd):
+        return None
+
+    def _low_level_execute_command(self, cmd, sudoable=True, in_data=None, **_kw):
+        self.inputs.append(len(in_data))
+        proc = subprocess.run(cmd, shell=True, input=in_data, capture_output=True, timeout=60)
+        return {"rc": proc.returncode, "stdout": proc.stdout.decode(), "stderr": proc.stderr.decode()}
+
+
+def test_without_a_stream_each_range_is_one_command_with_its_bytes(tmp_path):
+    blob = os.urandom(3 * MIB - 5)
+    (tmp_path / "src").write_bytes(blob)
+    todo = ranges_of(len(blob), MIB)[1:]
+    status = {"python": sys.executable, "data": str(tmp_path / "data"), "progress": str(tmp_path / "progress")}
+    action = PerRange()
+    got, whole = action._send(status, str(tmp_path / "src"), todo, whole=True)
+    assert action.inputs == [MIB, MIB - 5]
+    assert whole is None  # no command saw the whole file: the finish hashes it
+    sums = hash_ranges(str(tmp_path / "src"), ranges_of(len(blob), MIB))[0]
+    assert got == {1: sums[1], 2: sums[2]}
+    assert read_progress(str(tmp_path / "progress")) == got
 
 
 def old_python(version):
