@@ -328,8 +328,8 @@ class ActionModule(ActionBase):
         if conn.become and conn.become.expect_prompt():
             return None
         if transport in ("ssh", "ansible.builtin.ssh"):
-            if conn.get_option("password") or self._play_context.password:
-                return None
+            if conn.get_option("password") or self._play_context.password or conn.get_option("pkcs11_provider"):
+                return None  # sshpass would need its pipe, which only the connection's own run sets up
             conn.host = conn.get_option("host") or self._play_context.remote_addr
             return conn._build_command(conn.get_option("ssh_executable"), "ssh", conn.host, cmd), False
         if transport in ("local", "ansible.builtin.local"):
