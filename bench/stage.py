@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Staging at size: one large artifact to an emulated node over SSH, our staging beside rsync, in one run.
 
-    .venv/bin/python bench/stage.py [--size-gib 4] [--chunk-mib 512] [--rounds 1] [--keep]
+    .venv/bin/python bench/stage.py [--size-gib 4] [--chunk-mib 512] [--rounds 1] [--node NAME] [--keep]
 
   ours   playbooks/stage.yml through a real `ansible-playbook` (role dcu_bundle, tasks/stage.yml: the artifact
          sent by dcu.serving.bundle_send in dcu_bundle_stage_chunk_mib ranges, each range hashed on both ends,
-         the whole file checked against its SHA-256), from a bundle of one artifact (build/bench-stage/bundle).
+         the whole file checked against its SHA-256), from a bundle of one artifact (build/<node>/bundle).
   rsync  `rsync -a` of the same file over SSH into another directory of the same node (rsync checks a
          whole-file checksum of what arrived, too).
 
@@ -47,12 +47,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from playbook_json import run_json, task_seconds  # noqa: E402 - bench/ is not a package
 
-BIN = REPO / ".venv" / "bin"
+BIN = Path(sys.executable).parent  # the venv this runs with (ansible-playbook, ansible-config)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
            PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-WORK = REPO / "build" / "bench-stage"
-NODE = "dcu-bench-stage"
-NETWORK = "dcu-bench-stage"
+NODE = "dcu-bench-stage"  # --node; the network and build/<node>/ (bundle, inventory, key) are named after it
+NETWORK = NODE
+WORK = REPO / "build" / NODE
 USER = "deploy"
 STAGE = "/var/lib/dcu-serving/bundle"
 RSYNC_DEST = "/var/lib/dcu-serving/rsync"
@@ -180,13 +180,18 @@ def ours_side(artifact: dict) -> tuple[float, list]:
 
 
 def main() -> None:
+    global NODE, NETWORK, WORK
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-gib", type=float, default=4.0, help="artifact size in GiB (default 4)")
     parser.add_argument("--chunk-mib", type=int, default=512, help="dcu_bundle_stage_chunk_mib (default 512)")
     parser.add_argument("--rounds", type=int, default=1, help="measure each side this many times, alternating")
+    parser.add_argument("--node", default=NODE, help=f"the node's container name (default {NODE}), so that two "
+                        "benches on one machine do not clash")
     parser.add_argument("--keep", action="store_true", help="leave the node running (tools/dcu-node down "
-                        f"{NODE} removes it)")
+                        "<node> removes it)")
     args = parser.parse_args()
+    NODE = NETWORK = args.node
+    WORK = REPO / "build" / NODE
     for tool in ("rsync", "docker", "ssh"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing on the controller (rsync: apt-get install rsync)")

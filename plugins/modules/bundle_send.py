@@ -10,21 +10,31 @@ module: bundle_send
 short_description: Send a large bundle artifact from the controller to the host in one pass, resumably
 version_added: 0.1.0
 description:
-  - An action plugin (it runs on the controller) with this module as its host side. For each range of
-    O(chunk_mib) MiB of the controller's O(src) that the host does not already hold verified, the range's
-    bytes are read once on the controller and streamed over the connection (ssh, docker exec, local) into a
-    small Python receiver on the host, which writes them at the range's offset of
-    C(data) in the directory O(parts), hashing them as it writes, fsyncs, and appends C(<index> <sha256>) to
-    C(progress-<range bytes>) beside it. No chunk files on either side, so every byte is read once, crosses the
-    connection once and is written once.
-  - The controller knows each range's SHA-256; it hashes the bytes it reads (in a thread, while they are sent),
-    checks that they make the artifact's sum, and remembers the range sums beside its checksum cache, keyed by
-    the artifact's sum and the range size, so that later sends hash nothing on the controller. A range whose
-    sum on the host differs is sent once more, then the task fails naming both sums.
-  - A range the progress file lists with the right sum is not sent again, so an interrupted transfer resumes.
+  - An action plugin (it runs on the controller) with this module as its host side. The ranges of
+    O(chunk_mib) MiB of the controller's O(src) that the host does not already hold verified travel back to
+    back through one remote command, a small Python receiver on the host that writes each at its offset of
+    C(data) in the directory O(parts), hashes it as it writes, and appends C(<index> <sha256>) to
+    C(progress-<range bytes>) beside it once the range is on disk (a thread syncs the file as it fills, so
+    receiving does not wait for the disk). On the controller a thread reads the ranges a few blocks ahead of
+    the sender, so reading overlaps sending. No chunk files on either side, so every byte is read once,
+    crosses the connection once and is written once.
+  - The one command is the connection's own (the ssh command with its options and control socket,
+    C(docker exec -i) of community.docker.docker, or a local shell), with its stdin fed as the file is read.
+    With another connection, or when ssh or become waits for a password, each range goes through the
+    connection's exec_command with its bytes as input (one range in memory at a time).
+  - The receiver reports every range's SHA-256 at the end. Range sums are trusted only once seen to make
+    the artifact's sum, and are then remembered beside the controller's checksum cache, keyed by the artifact's
+    sum and the range size. A first send of the whole file hashes nothing on the controller; the receiver
+    hashes the whole file too as it writes it, and when that is O(sha256) its range sums are the ones
+    remembered. With sums remembered (the next host), each range's sum on the host is compared with them. A
+    range whose sum differs is sent once more, then the task fails naming both sums; a whole that is not
+    O(sha256) makes the controller hash its file once, to find the ranges to send again.
+  - A range the progress file lists with the right sum is not sent again, so an interrupted transfer resumes;
+    a range cut short is never listed. To know which listed sums are right when it has none remembered, the
+    controller then hashes its file once first.
   - Once every range is there, the file takes its name O(dest) only when it has O(sha256). When every range
-    was sent in this run, each was hashed on the host as it was written and matched the controller's sum of the
-    bytes it read, whose ranges make O(sha256), so the file is not read again; when some ranges are from an
+    was sent in this run, each was hashed on the host as it was written and matched sums that make O(sha256)
+    (or the whole was), so the file is not read again; when some ranges are from an
     earlier run (they waited on disk), the host hashes the whole file once. The sum then goes into the
     checksum cache of M(dcu.serving.bundle_artifact), which therefore reads nothing when it verifies the file
     next. The O(parts) directory is removed. When the sum differs, that directory is removed (the next run
@@ -96,8 +106,8 @@ options:
   hashed:
     description:
       - Internal, set by the action plugin in phase V(finish) when every range was sent in this run, hashed on
-        the host as it was written and found equal to the controller's sum of it, and the controller's ranges
-        make O(sha256), so the file is then not read again.
+        the host as it was written and found equal to range sums that make O(sha256), so the file is then not
+        read again.
     type: bool
     default: false
 seealso:

@@ -1,6 +1,7 @@
-"""dcu.serving.bundle_send's pure parts: the ranges of a file, the controller's remembered range sums, the
-receiver the host runs (each range written at its offset, hashed, recorded only when whole), the progress
-file it leaves, and the module's host side (status, finish)."""
+"""dcu.serving.bundle_send's parts: the ranges of a file, the controller's remembered range sums, its read-ahead
+and the one stream of every range into the receiver the host runs (each range written at its offset, hashed,
+recorded only when whole and on disk, so an interrupted stream resumes with the others), the progress file it
+leaves, and the module's host side (status, finish)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.dcu.serving.plugins.action.bundle_send import (
     RECEIVER,
-    Hashing,
+    ActionModule,
+    hash_ranges,
     load_sums,
     ranges_of,
-    read_range,
+    read_ahead,
+    received,
+    spec_of,
     store_sums,
+    stream,
     sums_path,
 )
 from ansible_collections.dcu.serving.plugins.modules.bundle_send import read_progress
@@ -63,40 +68,142 @@ def test_range_sums_are_remembered_per_artifact_and_range_size(tmp_path):
 def test_the_controller_hashes_each_range_and_the_whole_in_order(tmp_path):
     blob = os.urandom(2500)
     (tmp_path / "src").write_bytes(blob)
-    hashing = Hashing()
-    with open(tmp_path / "src", "rb") as handle:
-        assert hashing.add_from(handle, 0, 1000) == hashlib.sha256(blob[:1000]).hexdigest()  # held by the host
-        for offset, size in ((1000, 1000), (2000, 500)):  # sent, hashed in a thread meanwhile
-            hashing.submit(read_range(handle, offset, size))
-            assert hashing.wait() == hashlib.sha256(blob[offset:offset + size]).hexdigest()
-        with pytest.raises(AnsibleActionFail, match="did it change"):
-            read_range(handle, 2000, 1000)
-    assert hashing.sums == [hashlib.sha256(blob[o:o + 1000]).hexdigest() for o in (0, 1000, 2000)]
-    assert hashing.whole.hexdigest() == hashlib.sha256(blob).hexdigest()
+    sums, whole = hash_ranges(str(tmp_path / "src"), ranges_of(2500, 1000))
+    assert sums == [hashlib.sha256(blob[o:o + 1000]).hexdigest() for o in (0, 1000, 2000)]
+    assert whole == hashlib.sha256(blob).hexdigest()
+    with pytest.raises(AnsibleActionFail, match="did it change"):
+        hash_ranges(str(tmp_path / "src"), ranges_of(3000, 1000))
 
 
-def receive(tmp_path, data: bytes, index: int, offset: int, size: int | None = None):
-    proc = subprocess.run([sys.executable, "-c", RECEIVER, str(tmp_path / "data"), str(tmp_path / "progress"),
-                           str(index), str(offset), str(len(data) if size is None else size)],
-                          input=data, capture_output=True, timeout=60)
+def test_read_ahead_yields_the_ranges_asked_for_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.action.bundle_send.READ", 300)
+    blob = os.urandom(2500)
+    (tmp_path / "src").write_bytes(blob)
+    items = list(read_ahead(str(tmp_path / "src"), ranges_of(2500, 1000), depth=2))
+    assert [index for index, block in items if block is None] == [0, 1, 2]
+    assert max(len(block or b"") for _index, block in items) == 300
+    assert b"".join(block for _index, block in items if block) == blob
+    some = [(2, 2000, 500), (0, 0, 1000)]
+    assert b"".join(b for _i, b in read_ahead(str(tmp_path / "src"), some) if b) == blob[2000:] + blob[:1000]
+    with pytest.raises(AnsibleActionFail, match="did it change"):
+        list(read_ahead(str(tmp_path / "src"), [(3, 2000, 1000)]))
+
+
+def test_read_ahead_stops_its_thread_when_the_consumer_stops(tmp_path, monkeypatch):
+    import threading
+    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.action.bundle_send.READ", 100)
+    (tmp_path / "src").write_bytes(os.urandom(10000))
+    before = threading.active_count()
+    blocks = read_ahead(str(tmp_path / "src"), ranges_of(10000, 1000), depth=1)
+    next(blocks)
+    blocks.close()
+    assert threading.active_count() == before
+
+
+def receiver_argv(tmp_path, todo, python=sys.executable, whole=False):
+    return [python, "-c", RECEIVER, str(tmp_path / "data"), str(tmp_path / "progress"), spec_of(todo), str(int(whole))]
+
+
+def receive(tmp_path, data: bytes, todo, whole=False):
+    proc = subprocess.run(receiver_argv(tmp_path, todo, whole=whole), input=data, capture_output=True, timeout=60)
     return proc.returncode, json.loads(proc.stdout)
 
 
 def test_the_receiver_writes_each_range_at_its_offset_and_records_it(tmp_path):
     blob = os.urandom(2500)
-    for index, offset in ((2, 2000), (0, 0), (1, 1000)):  # any order
-        piece = blob[offset:offset + 1000]
-        rc, out = receive(tmp_path, piece, index, offset)
-        assert rc == 0 and out == {"index": index, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()}
+    todo = [(2, 2000, 500), (0, 0, 1000)]  # any order, back to back in one command
+    rc, out = receive(tmp_path, blob[2000:] + blob[:1000], todo)
+    assert rc == 0 and out["error"] is None and out["whole"] is None  # not asked for
+    assert out["ranges"] == [{"index": i, "size": n, "sha256": hashlib.sha256(blob[o:o + n]).hexdigest()}
+                             for i, o, n in todo]
+    rc, out = receive(tmp_path, blob[1000:2000], [(1, 1000, 1000)])
+    assert rc == 0
     assert (tmp_path / "data").read_bytes() == blob
     assert read_progress(str(tmp_path / "progress")) == {
         i: hashlib.sha256(blob[i * 1000:(i + 1) * 1000]).hexdigest() for i in range(3)}
 
 
-def test_a_range_cut_short_is_not_recorded(tmp_path):
-    rc, out = receive(tmp_path, b"x" * 10, 0, 0, size=1000)
-    assert rc == 3 and out["size"] == 10
-    assert not (tmp_path / "progress").exists()
+def test_a_range_cut_short_is_not_recorded_and_the_whole_ones_before_it_are(tmp_path):
+    blob = os.urandom(2500)
+    rc, out = receive(tmp_path, blob[:1000] + blob[1000:1010], ranges_of(2500, 1000), whole=True)
+    assert rc == 3 and out["ranges"][1] == {"index": 1, "size": 10, "sha256": None} and out["whole"] is None
+    assert read_progress(str(tmp_path / "progress")) == {0: hashlib.sha256(blob[:1000]).hexdigest()}
+    with pytest.raises(AnsibleActionFail, match=r"rc 3\) with ranges \[1, 2\] of 3 not received"):
+        received(rc, json.dumps(out), "", ranges_of(2500, 1000))
+
+
+def test_one_stream_sends_every_range_and_reports_the_hosts_sums(tmp_path):
+    blob = os.urandom(5 * MIB + 3)
+    (tmp_path / "src").write_bytes(blob)
+    todo = ranges_of(len(blob), MIB)
+    got, whole = received(*stream(receiver_argv(tmp_path, todo, whole=True), read_ahead(str(tmp_path / "src"), todo)),
+                          todo=todo)
+    assert [got[i] for i in range(len(todo))] == hash_ranges(str(tmp_path / "src"), todo)[0]
+    assert whole == hashlib.sha256(blob).hexdigest()  # hashed on the host as it arrived: not read again
+    assert (tmp_path / "data").read_bytes() == blob
+    assert read_progress(str(tmp_path / "progress")) == got
+
+
+def test_an_interrupted_stream_resumes_without_sending_the_whole_ranges_again(tmp_path):
+    blob = os.urandom(6 * MIB)
+    (tmp_path / "src").write_bytes(blob)
+    todo = ranges_of(len(blob), MIB)
+    sums = hash_ranges(str(tmp_path / "src"), todo)[0]
+
+    def until_cut(blocks):  # the controller dies in the middle of range 3
+        for index, block in blocks:
+            if index == 3 and block is None:
+                raise KeyboardInterrupt
+            yield index, block if index < 3 else block[:1000]
+
+    with pytest.raises(KeyboardInterrupt):
+        stream(receiver_argv(tmp_path, todo), until_cut(read_ahead(str(tmp_path / "src"), todo)))
+    held = read_progress(str(tmp_path / "progress"))
+    assert held == {i: sums[i] for i in range(3)}
+
+    # the next run sends only the ranges the host does not hold with the controller's sum
+    rest = [r for r in todo if held.get(r[0]) != sums[r[0]]]
+    assert [r[0] for r in rest] == [3, 4, 5]
+    sent = []
+
+    def counted(blocks):
+        for index, block in blocks:
+            sent.append(len(block or b""))
+            yield index, block
+
+    got, whole = received(*stream(receiver_argv(tmp_path, rest), counted(read_ahead(str(tmp_path / "src"), rest))),
+                          todo=rest)
+    assert sum(sent) == 3 * MIB and got == {i: sums[i] for i in (3, 4, 5)} and whole is None
+    assert (tmp_path / "data").read_bytes() == blob
+
+
+class PerRange(ActionModule):
+    """The action's sender on a connection with no stream: each command runs here, its bytes as in_data."""
+
+    def __init__(self):  # pylint: disable=super-init-not-called  # no task, no connection
+        self.inputs = []
+
+    def _stream_argv(self, cmd):
+        return None
+
+    def _low_level_execute_command(self, cmd, sudoable=True, in_data=None, **_kw):
+        self.inputs.append(len(in_data))
+        proc = subprocess.run(cmd, shell=True, input=in_data, capture_output=True, timeout=60)
+        return {"rc": proc.returncode, "stdout": proc.stdout.decode(), "stderr": proc.stderr.decode()}
+
+
+def test_without_a_stream_each_range_is_one_command_with_its_bytes(tmp_path):
+    blob = os.urandom(3 * MIB - 5)
+    (tmp_path / "src").write_bytes(blob)
+    todo = ranges_of(len(blob), MIB)[1:]
+    status = {"python": sys.executable, "data": str(tmp_path / "data"), "progress": str(tmp_path / "progress")}
+    action = PerRange()
+    got, whole = action._send(status, str(tmp_path / "src"), todo, whole=True)
+    assert action.inputs == [MIB, MIB - 5]
+    assert whole is None  # no command saw the whole file: the finish hashes it
+    sums = hash_ranges(str(tmp_path / "src"), ranges_of(len(blob), MIB))[0]
+    assert got == {1: sums[1], 2: sums[2]}
+    assert read_progress(str(tmp_path / "progress")) == got
 
 
 def old_python(version):
@@ -115,11 +222,15 @@ def test_the_receiver_runs_on_old_pythons(tmp_path, version):
     if not python:
         pytest.skip(f"no python{version} here")
     data = os.urandom(3 * MIB + 7)
-    proc = subprocess.run([python, "-c", RECEIVER, str(tmp_path / "d"), str(tmp_path / "p"), "0", "5", str(len(data))],
-                          input=data, capture_output=True, timeout=60)
+    todo = [(0, 5, MIB), (1, 5 + MIB, len(data) - MIB)]
+    proc = subprocess.run(receiver_argv(tmp_path, todo, python, whole=True), input=data, capture_output=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["sha256"] == hashlib.sha256(data).hexdigest()
-    assert (tmp_path / "d").read_bytes() == bytes(5) + data
+    report = json.loads(proc.stdout)
+    assert [r["sha256"] for r in report["ranges"]] == [
+        hashlib.sha256(data[:MIB]).hexdigest(), hashlib.sha256(data[MIB:]).hexdigest()]
+    assert report["whole"] == hashlib.sha256(data).hexdigest()
+    assert (tmp_path / "data").read_bytes() == bytes(5) + data
 
 
 def test_the_receiver_is_python_3_6_syntax():

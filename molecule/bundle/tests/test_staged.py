@@ -40,7 +40,8 @@ def test_large_files_went_in_ranges(host):
 # The interrupted stage: its own bundle and stage directory, so the scenario's staged bundle stays as it is.
 RESUME = "/var/lib/dcu-serving/resume-test"
 MIB = 1024 * 1024
-CHUNKS = 12
+# Every range travels in one stream at disk speed: enough of them that the kill lands half way.
+CHUNKS = 160
 
 
 def on_node(node_name, *argv):
@@ -49,7 +50,7 @@ def on_node(node_name, *argv):
 
 def test_an_interrupted_stage_resumes_without_sending_ranges_again(tmp_path, node_name, start_playbook,
                                                                    kill_playbook, run_playbook):
-    # 12 ranges of 1 MiB (the last one short), random so that no range equals another
+    # ranges of 1 MiB (the last one short), random so that no range equals another
     artifact = make_bundle(tmp_path / "bundle", {"images/big.tar.gz": os.urandom(CHUNKS * MIB - 12345)},
                            kind="image")[0]
     # dcu.serving.bundle_send records each range the host holds, once written and synced, in this file
