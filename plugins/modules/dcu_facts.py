@@ -23,6 +23,8 @@ description:
   - Accepts every hy-smi format seen in the field (docs/field-evidence.md) - HCU and DCU labels, C(card0)-
     or C(card1)-based JSON, log lines before the JSON and JSON with missing commas, PCI addresses with
     C(--> SN:) and C(--> OAM ID:) suffixes, MiB or byte sizes, topology lines without a colon.
+  - Reads in the same call the other small things a role decides by (O(stat), O(read), O(commands),
+    O(getent)), so a role that needs a dozen such reads pays one round trip to the host instead of one each.
   - Read-only.
 author:
   - dcu-serving contributors (@dcu-serving)
@@ -68,6 +70,31 @@ options:
     description: Seconds one hy-smi call may take (it waits for its daemon, hymgr).
     type: int
     default: 30
+  stat:
+    description:
+      - Paths to look at, returned in RV(probe.stat) by path. The last component is not followed (a link
+        reads as a link); links before it are.
+    type: list
+    elements: path
+    default: []
+  read:
+    description: Small text files to read, returned in RV(probe.read) by path (null when missing or unreadable).
+    type: list
+    elements: path
+    default: []
+  commands:
+    description:
+      - Read-only commands to run (even in check mode), by name, each an argument list; RV(probe.commands)
+        holds each one's C(rc), C(stdout) and C(stderr). A command that cannot start gives C(rc) 127.
+    type: dict
+    default: {}
+  getent:
+    description:
+      - Databases to read with C(getent) (for example V(group), V(passwd)), returned as facts named
+        C(getent_<database>) in the shape M(ansible.builtin.getent) gives (name to the other fields).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -131,6 +158,17 @@ ansible_facts:
             (sysfs, else hy-smi); both null when none is loaded.
           type: dict
           sample: {"loaded": true, "module": "hycu", "version": "6.3.30-V1.4.1a"}
+        device_nodes:
+          description: The device nodes that exist of C(/dev/kfd), C(/dev/mkfd) and each card's card and render
+            node, by path, with the owning group's id and name (V(UNKNOWN) for a gid without a name, as stat(1)
+            prints it). A node that is not listed is missing.
+          type: dict
+          sample: {"/dev/kfd": {"gid": 992, "group": "render"}, "/dev/dri/renderD128": {"gid": 992, "group": "render"}}
+        numa_cpus:
+          description: The CPU list of each NUMA node a card sits on (sysfs C(devices/system/node/node<N>/cpulist)),
+            by node number; nodes without the file are left out.
+          type: dict
+          sample: {"0": "0-31", "1": "32-63"}
         hyhal:
           description: The hyhal directory and hy-smi path found (null when absent).
           type: dict
@@ -144,9 +182,29 @@ ansible_facts:
             fix when known) and where hy-smi and sysfs disagree.
           type: list
           elements: str
+probe:
+  description: What O(stat), O(read) and O(commands) asked for.
+  returned: always
+  type: dict
+  contains:
+    stat:
+      description: By path, C(exists), C(isdir), C(islnk), C(lnk_target) (a link's target, else null),
+        C(gr_name) (the owning group's name, else null).
+      type: dict
+      sample: {"/dev/kfd": {"exists": true, "isdir": false, "islnk": false, "lnk_target": null, "gr_name": "render"}}
+    read:
+      description: By path, the file's text, or null.
+      type: dict
+      sample: {"/var/lib/dcu-serving/rock-install.json": "{\"sha256\": \"71608c09...\"}\n"}
+    commands:
+      description: By name, C(rc), C(stdout) and C(stderr).
+      type: dict
+      sample: {"systemd": {"rc": 0, "stdout": "systemd 252 (252.36-1~deb12u1)\n", "stderr": ""}}
 """
 
+import grp
 import os
+import stat as stat_module
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -232,6 +290,80 @@ def read_text(path):
         return None
 
 
+def numa_cpus(sysfs_root, cards):
+    nodes = sorted({card["numa_node"] for card in cards if card.get("numa_node") is not None})
+    found = {}
+    for node in nodes:
+        cpus = read_text(os.path.join(sysfs_root, "devices", "system", "node", "node%d" % node, "cpulist"))
+        if cpus:
+            found[str(node)] = cpus
+    return found
+
+
+def device_nodes(cards):
+    paths = ["/dev/kfd", "/dev/mkfd"] + [card[key] for card in cards for key in ("card_node", "render_node")
+                                          if card.get(key)]
+    nodes = {}
+    for path in paths:
+        try:
+            gid = os.stat(path).st_gid
+        except OSError:
+            continue
+        nodes[path] = {"gid": gid, "group": group_name(gid) or "UNKNOWN"}
+    return nodes
+
+
+def group_name(gid):
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return None
+
+
+def stat_path(path):
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return {"exists": False, "isdir": False, "islnk": False, "lnk_target": None, "gr_name": None}
+    link = stat_module.S_ISLNK(info.st_mode)
+    return {"exists": True, "isdir": stat_module.S_ISDIR(info.st_mode), "islnk": link,
+            "lnk_target": os.readlink(path) if link else None, "gr_name": group_name(info.st_gid)}
+
+
+def read_file(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def run_commands(module, commands):
+    done = {}
+    for name, argv in commands.items():
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            module.fail_json(msg="commands: {} must be a non-empty list of strings (argv), got {!r}".format(name, argv))
+        try:
+            rc, out, err = module.run_command(argv, handle_exceptions=False)
+        except OSError as exc:  # not installed: the caller decides what that means
+            rc, out, err = 127, "", "{}: {}".format(argv[0], exc.strerror)
+        done[name] = {"rc": rc, "stdout": out, "stderr": err}
+    return done
+
+
+def getent(module, database):
+    """{name: [other fields]}, as ansible.builtin.getent returns a whole database."""
+    rc, out, err = module.run_command(["getent", database])
+    if rc != 0:
+        module.fail_json(msg="getent {} exited {}: {}".format(database, rc, (err or out).strip()))
+    entries = {}
+    for line in out.splitlines():
+        fields = line.split(":")
+        if fields and fields[0]:
+            entries[fields[0]] = fields[1:]
+    return entries
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -240,6 +372,10 @@ def main():
             "dtk_path": {"type": "path", "default": "/opt/dtk"},
             "source": {"type": "str", "default": "auto", "choices": ["auto", *list(SOURCES)]},
             "timeout": {"type": "int", "default": 30},
+            "stat": {"type": "list", "elements": "path", "default": []},
+            "read": {"type": "list", "elements": "path", "default": []},
+            "commands": {"type": "dict", "default": {}},
+            "getent": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -273,6 +409,8 @@ def main():
         "source": source,
         "unbound": unbound,
         "platform_functions": sum(1 for f in functions if f["kind"] == "platform"),
+        "device_nodes": device_nodes(cards),
+        "numa_cpus": numa_cpus(params["sysfs_root"], cards),
         "driver": {"loaded": driver_module is not None, "module": driver_module, "version": driver_version},
         "hyhal": {
             "path": os.path.dirname(os.path.dirname(hy_smi)) if hy_smi else None,
@@ -284,7 +422,13 @@ def main():
         },
         "errors": errors,
     }
-    module.exit_json(changed=False, ansible_facts={"dcu": facts})
+    probe = {"stat": {path: stat_path(path) for path in params["stat"]},
+             "read": {path: read_file(path) for path in params["read"]},
+             "commands": run_commands(module, params["commands"])}
+    ansible_facts = {"dcu": facts}
+    for database in params["getent"]:
+        ansible_facts["getent_" + database] = getent(module, database)
+    module.exit_json(changed=False, ansible_facts=ansible_facts, probe=probe)
 
 
 if __name__ == "__main__":
