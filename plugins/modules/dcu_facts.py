@@ -24,7 +24,8 @@ description:
     or C(card1)-based JSON, log lines before the JSON and JSON with missing commas, PCI addresses with
     C(--> SN:) and C(--> OAM ID:) suffixes, MiB or byte sizes, topology lines without a colon.
   - Reads in the same call the other small things a role decides by (O(stat), O(read), O(commands),
-    O(getent)), so a role that needs a dozen such reads pays one round trip to the host instead of one each.
+    O(getent), as M(dcu.serving.host_probe) does), so a role that needs a dozen such reads pays one round trip
+    to the host instead of one each.
   - Read-only.
 author:
   - dcu-serving contributors (@dcu-serving)
@@ -202,13 +203,11 @@ probe:
       sample: {"systemd": {"rc": 0, "stdout": "systemd 252 (252.36-1~deb12u1)\n", "stderr": ""}}
 """
 
-import grp
 import os
-import stat as stat_module
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+from ansible_collections.dcu.serving.plugins.module_utils import host_probe, hysmi
 
 DEFAULT_HY_SMI = "/opt/hyhal/bin/hy-smi"
 ALTERNATE_HY_SMI = "/usr/local/hyhal/bin/hy-smi"
@@ -309,59 +308,8 @@ def device_nodes(cards):
             gid = os.stat(path).st_gid
         except OSError:
             continue
-        nodes[path] = {"gid": gid, "group": group_name(gid) or "UNKNOWN"}
+        nodes[path] = {"gid": gid, "group": host_probe.group_name(gid) or "UNKNOWN"}
     return nodes
-
-
-def group_name(gid):
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return None
-
-
-def stat_path(path):
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return {"exists": False, "isdir": False, "islnk": False, "lnk_target": None, "gr_name": None}
-    link = stat_module.S_ISLNK(info.st_mode)
-    return {"exists": True, "isdir": stat_module.S_ISDIR(info.st_mode), "islnk": link,
-            "lnk_target": os.readlink(path) if link else None, "gr_name": group_name(info.st_gid)}
-
-
-def read_file(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def run_commands(module, commands):
-    done = {}
-    for name, argv in commands.items():
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            module.fail_json(msg="commands: {} must be a non-empty list of strings (argv), got {!r}".format(name, argv))
-        try:
-            rc, out, err = module.run_command(argv, handle_exceptions=False)
-        except OSError as exc:  # not installed: the caller decides what that means
-            rc, out, err = 127, "", "{}: {}".format(argv[0], exc.strerror)
-        done[name] = {"rc": rc, "stdout": out, "stderr": err}
-    return done
-
-
-def getent(module, database):
-    """{name: [other fields]}, as ansible.builtin.getent returns a whole database."""
-    rc, out, err = module.run_command(["getent", database])
-    if rc != 0:
-        module.fail_json(msg="getent {} exited {}: {}".format(database, rc, (err or out).strip()))
-    entries = {}
-    for line in out.splitlines():
-        fields = line.split(":")
-        if fields and fields[0]:
-            entries[fields[0]] = fields[1:]
-    return entries
 
 
 def main():
@@ -372,10 +320,7 @@ def main():
             "dtk_path": {"type": "path", "default": "/opt/dtk"},
             "source": {"type": "str", "default": "auto", "choices": ["auto", *list(SOURCES)]},
             "timeout": {"type": "int", "default": 30},
-            "stat": {"type": "list", "elements": "path", "default": []},
-            "read": {"type": "list", "elements": "path", "default": []},
-            "commands": {"type": "dict", "default": {}},
-            "getent": {"type": "list", "elements": "str", "default": []},
+            **host_probe.ARGUMENT_SPEC,
         },
         supports_check_mode=True,
     )
@@ -422,13 +367,8 @@ def main():
         },
         "errors": errors,
     }
-    probe = {"stat": {path: stat_path(path) for path in params["stat"]},
-             "read": {path: read_file(path) for path in params["read"]},
-             "commands": run_commands(module, params["commands"])}
-    ansible_facts = {"dcu": facts}
-    for database in params["getent"]:
-        ansible_facts["getent_" + database] = getent(module, database)
-    module.exit_json(changed=False, ansible_facts=ansible_facts, probe=probe)
+    probe, getent_facts = host_probe.probe(module)
+    module.exit_json(changed=False, ansible_facts=dict(getent_facts, dcu=facts), probe=probe)
 
 
 if __name__ == "__main__":

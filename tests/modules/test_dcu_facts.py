@@ -190,3 +190,17 @@ def test_device_nodes_name_the_group_of_each_node_that_exists(fake_sysfs, module
             gid = os.stat(path).st_gid
             expected[path] = {"gid": gid, "group": grp.getgrgid(gid).gr_name}
     assert facts["device_nodes"] == expected
+
+
+def test_host_probe_looks_without_the_cards(module_runner, tmp_path):
+    (tmp_path / "venv-abc").mkdir()
+    (tmp_path / "venv").symlink_to("venv-abc")
+    result = module_runner("host_probe", {"stat": [str(tmp_path / "venv")], "read": [str(tmp_path / "none")],
+                                          "commands": {"systemd": ["sh", "-c", "echo systemd 252"]},
+                                          "getent": ["passwd"], "_ansible_check_mode": True})
+    assert not result.get("failed"), result
+    assert result["changed"] is False and "dcu" not in result["ansible_facts"]
+    assert result["probe"]["stat"][str(tmp_path / "venv")]["lnk_target"] == "venv-abc"
+    assert result["probe"]["read"] == {str(tmp_path / "none"): None}
+    assert result["probe"]["commands"]["systemd"]["stdout"] == "systemd 252\n", "commands run in check mode too"
+    assert result["ansible_facts"]["getent_passwd"]["root"][1] == "0"
