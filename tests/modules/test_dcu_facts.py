@@ -159,7 +159,8 @@ def test_the_probe_reads_in_the_same_call_what_a_role_decides_by(fake_sysfs, mod
     assert result["changed"] is False
     assert result["ansible_facts"]["dcu"]["numa_cpus"] == {"0": "0-3", "1": "4-7"}
     stat = result["probe"]["stat"]
-    assert stat[str(tmp_path / "dtk")]["islnk"] and stat[str(tmp_path / "dtk")]["lnk_target"] == str(tmp_path / "dtk-26.04")
+    link = stat[str(tmp_path / "dtk")]
+    assert link["islnk"] and link["lnk_target"] == str(tmp_path / "dtk-26.04")
     assert stat[str(tmp_path / "dtk-26.04")]["isdir"] and not stat[str(tmp_path / "dtk-26.04")]["islnk"]
     assert stat[str(tmp_path / "dtk-26.04")]["gr_name"], "the owning group is named"
     assert stat[str(tmp_path / "absent")] == {"exists": False, "isdir": False, "islnk": False, "lnk_target": None,
