@@ -8,8 +8,11 @@ image layouts (index.json -> manifest blob -> config digest), plain or gzip-comp
 small JSON members are read; layer data is skipped (seeked over in an uncompressed tar).
 """
 
+import fcntl
 import json
+import os
 import tarfile
+import tempfile
 
 
 class ArchiveError(Exception):
@@ -72,3 +75,47 @@ def read_images(path):
         ref = annotations.get("io.containerd.image.name") or annotations.get("org.opencontainers.image.ref.name")
         images.append({"refs": [ref] if ref and ":" in ref else [], "config_digest": config})
     return images
+
+
+def cached_images(path, sha256, store, write=True):
+    """(read_images(path), from_store), remembered in the JSON file `store` by the archive's SHA-256.
+
+    The caller has verified that path holds exactly these bytes, so what it holds is known without reading it
+    again: a gzipped docker save archive keeps manifest.json at its end, and reading it means decompressing
+    the whole image (seconds for a small one, minutes for a large one) on every run. Keyed by content, an
+    entry is never stale. `store=None` reads the archive.
+    """
+    if store:
+        try:
+            with open(store) as handle:
+                known = json.load(handle).get(sha256)
+        except (OSError, ValueError, AttributeError):
+            known = None
+        if isinstance(known, list):
+            return known, True
+    images = read_images(path)
+    if store and write:
+        _remember(store, sha256, images)
+    return images, False
+
+
+def _remember(store, sha256, images):
+    directory = os.path.dirname(store)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        with open(store + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(store) as handle:
+                    data = json.load(handle)
+            except (OSError, ValueError):
+                data = {}
+            data = data if isinstance(data, dict) else {}
+            data[sha256] = images
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".image-archives.")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(data, handle, indent=1, sort_keys=True)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, store)
+    except OSError:
+        pass  # not writable: the next run reads the archive again

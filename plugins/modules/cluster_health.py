@@ -153,6 +153,7 @@ functional:
 
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
@@ -357,8 +358,11 @@ def main():
 
     probe = p["check_backends"] or healthy < expected
     by_url = dict((str(i.get("url", "")).rstrip("/"), i) for i in p["instances"] or [])
-    backends = [describe_backend(b, p["base_port"], p["model"], probe, by_url.get(str(b.get("url", "")).rstrip("/")))
-                for b in body.get("backends", [])]
+    # Each backend's /health and /v1/models, all backends at once: the same requests, one backend's latency.
+    entries = body.get("backends", [])
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
+        backends = list(pool.map(lambda b: describe_backend(b, p["base_port"], p["model"], probe,
+                                                            by_url.get(str(b.get("url", "")).rstrip("/"))), entries))
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
     problems = []

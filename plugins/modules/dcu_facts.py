@@ -23,6 +23,9 @@ description:
   - Accepts every hy-smi format seen in the field (docs/field-evidence.md) - HCU and DCU labels, C(card0)-
     or C(card1)-based JSON, log lines before the JSON and JSON with missing commas, PCI addresses with
     C(--> SN:) and C(--> OAM ID:) suffixes, MiB or byte sizes, topology lines without a colon.
+  - Reads in the same call the other small things a role decides by (O(stat), O(read), O(commands),
+    O(getent), as M(dcu.serving.host_probe) does), so a role that needs a dozen such reads pays one round trip
+    to the host instead of one each.
   - Read-only.
 author:
   - dcu-serving contributors (@dcu-serving)
@@ -68,6 +71,31 @@ options:
     description: Seconds one hy-smi call may take (it waits for its daemon, hymgr).
     type: int
     default: 30
+  stat:
+    description:
+      - Paths to look at, returned in RV(probe.stat) by path. The last component is not followed (a link
+        reads as a link); links before it are.
+    type: list
+    elements: path
+    default: []
+  read:
+    description: Small text files to read, returned in RV(probe.read) by path (null when missing or unreadable).
+    type: list
+    elements: path
+    default: []
+  commands:
+    description:
+      - Read-only commands to run (even in check mode), by name, each an argument list; RV(probe.commands)
+        holds each one's C(rc), C(stdout) and C(stderr). A command that cannot start gives C(rc) 127.
+    type: dict
+    default: {}
+  getent:
+    description:
+      - Databases to read with C(getent) (for example V(group), V(passwd)), returned as facts named
+        C(getent_<database>) in the shape M(ansible.builtin.getent) gives (name to the other fields).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -131,6 +159,17 @@ ansible_facts:
             (sysfs, else hy-smi); both null when none is loaded.
           type: dict
           sample: {"loaded": true, "module": "hycu", "version": "6.3.30-V1.4.1a"}
+        device_nodes:
+          description: The device nodes that exist of C(/dev/kfd), C(/dev/mkfd) and each card's card and render
+            node, by path, with the owning group's id and name (V(UNKNOWN) for a gid without a name, as stat(1)
+            prints it). A node that is not listed is missing.
+          type: dict
+          sample: {"/dev/kfd": {"gid": 992, "group": "render"}, "/dev/dri/renderD128": {"gid": 992, "group": "render"}}
+        numa_cpus:
+          description: The CPU list of each NUMA node a card sits on (sysfs C(devices/system/node/node<N>/cpulist)),
+            by node number; nodes without the file are left out.
+          type: dict
+          sample: {"0": "0-31", "1": "32-63"}
         hyhal:
           description: The hyhal directory and hy-smi path found (null when absent).
           type: dict
@@ -144,13 +183,31 @@ ansible_facts:
             fix when known) and where hy-smi and sysfs disagree.
           type: list
           elements: str
+probe:
+  description: What O(stat), O(read) and O(commands) asked for.
+  returned: always
+  type: dict
+  contains:
+    stat:
+      description: By path, C(exists), C(isdir), C(islnk), C(lnk_target) (a link's target, else null),
+        C(gr_name) (the owning group's name, else null).
+      type: dict
+      sample: {"/dev/kfd": {"exists": true, "isdir": false, "islnk": false, "lnk_target": null, "gr_name": "render"}}
+    read:
+      description: By path, the file's text, or null.
+      type: dict
+      sample: {"/var/lib/dcu-serving/rock-install.json": "{\"sha256\": \"71608c09...\"}\n"}
+    commands:
+      description: By name, C(rc), C(stdout) and C(stderr).
+      type: dict
+      sample: {"systemd": {"rc": 0, "stdout": "systemd 252 (252.36-1~deb12u1)\n", "stderr": ""}}
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+from ansible_collections.dcu.serving.plugins.module_utils import host_probe, hysmi
 
 DEFAULT_HY_SMI = "/opt/hyhal/bin/hy-smi"
 ALTERNATE_HY_SMI = "/usr/local/hyhal/bin/hy-smi"
@@ -232,6 +289,29 @@ def read_text(path):
         return None
 
 
+def numa_cpus(sysfs_root, cards):
+    nodes = sorted({card["numa_node"] for card in cards if card.get("numa_node") is not None})
+    found = {}
+    for node in nodes:
+        cpus = read_text(os.path.join(sysfs_root, "devices", "system", "node", "node%d" % node, "cpulist"))
+        if cpus:
+            found[str(node)] = cpus
+    return found
+
+
+def device_nodes(cards):
+    paths = ["/dev/kfd", "/dev/mkfd"] + [card[key] for card in cards for key in ("card_node", "render_node")
+                                          if card.get(key)]
+    nodes = {}
+    for path in paths:
+        try:
+            gid = os.stat(path).st_gid
+        except OSError:
+            continue
+        nodes[path] = {"gid": gid, "group": host_probe.group_name(gid) or "UNKNOWN"}
+    return nodes
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -240,6 +320,7 @@ def main():
             "dtk_path": {"type": "path", "default": "/opt/dtk"},
             "source": {"type": "str", "default": "auto", "choices": ["auto", *list(SOURCES)]},
             "timeout": {"type": "int", "default": 30},
+            **host_probe.ARGUMENT_SPEC,
         },
         supports_check_mode=True,
     )
@@ -273,6 +354,8 @@ def main():
         "source": source,
         "unbound": unbound,
         "platform_functions": sum(1 for f in functions if f["kind"] == "platform"),
+        "device_nodes": device_nodes(cards),
+        "numa_cpus": numa_cpus(params["sysfs_root"], cards),
         "driver": {"loaded": driver_module is not None, "module": driver_module, "version": driver_version},
         "hyhal": {
             "path": os.path.dirname(os.path.dirname(hy_smi)) if hy_smi else None,
@@ -284,7 +367,8 @@ def main():
         },
         "errors": errors,
     }
-    module.exit_json(changed=False, ansible_facts={"dcu": facts})
+    probe, getent_facts = host_probe.probe(module)
+    module.exit_json(changed=False, ansible_facts=dict(getent_facts, dcu=facts), probe=probe)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ description:
     before and after.
   - Optionally verifies the tarball's SHA-256 first (against the bundle's C(index.json)), with the
     checksum cache of M(dcu.serving.bundle_artifact), so a re-run does not re-read a large tarball.
+  - With the SHA-256 verified, what the tarball holds is remembered by that sum (C(image-archives.json) beside
+    the checksum cache), so a re-run does not decompress a gzipped tarball to reach its C(manifest.json) either.
 author:
   - dcu-serving contributors (@dcu-serving)
 extends_documentation_fragment:
@@ -60,7 +62,8 @@ options:
     default: false
   cache:
     description:
-      - Checksum cache file (see M(dcu.serving.bundle_artifact)). An empty string disables it.
+      - Checksum cache file (see M(dcu.serving.bundle_artifact)). An empty string disables it, and with it the
+        memory of what each verified tarball holds.
     type: path
 notes:
   - Unlike C(community.docker.docker_image_load) it does not report C(changed) on every run, has a real
@@ -104,6 +107,10 @@ checksum:
   returned: when O(sha256) is set
   type: dict
   sample: {status: verified, cached: true, expected: "ab12...", actual: "ab12..."}
+images_cached:
+  description: Whether what the tarball holds came from the memory of an earlier run (by its verified SHA-256).
+  returned: when O(sha256) is set and the cache is on
+  type: bool
 """
 
 import os
@@ -112,7 +119,7 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import ChecksumCache, default_cache_path, verify
-from ansible_collections.dcu.serving.plugins.module_utils.image_archive import ArchiveError, read_images
+from ansible_collections.dcu.serving.plugins.module_utils.image_archive import ArchiveError, cached_images, read_images
 
 
 def engine_image_id(module, executable, ref):
@@ -152,6 +159,7 @@ def main():
     if not os.path.isfile(path):
         module.fail_json(msg="image archive %s does not exist on the host: stage the bundle first" % path, **result)
 
+    cache_path = None
     if expected:
         cache_path = default_cache_path() if p["cache"] is None else (p["cache"] or None)
         cache = ChecksumCache(cache_path, write=not module.check_mode)
@@ -166,7 +174,11 @@ def main():
 
     executable = p["executable"] or module.get_bin_path(p["engine"], required=True)
     try:
-        images = read_images(path)
+        if expected and cache_path:
+            store = os.path.join(os.path.dirname(cache_path), "image-archives.json")
+            images, result["images_cached"] = cached_images(path, expected, store, write=not module.check_mode)
+        else:
+            images = read_images(path)
     except ArchiveError as exc:
         module.fail_json(msg=str(exc), **result)
 

@@ -139,3 +139,69 @@ def test_missing_hy_smi_and_bad_arguments(fake_sysfs, module_runner, tmp_path):
     assert facts["hyhal"] == {"path": None, "hy_smi": None}
     bad = module_runner("dcu_facts", {"source": "nvidia-smi"})
     assert bad["failed"] and "source" in bad["msg"] and "hy-smi-json" in bad["msg"]
+
+
+def test_the_probe_reads_in_the_same_call_what_a_role_decides_by(fake_sysfs, module_runner, tmp_path):
+    root = fake_sysfs(cards=2, numa=[0, 1])
+    for node, cpus in ((0, "0-3"), (1, "4-7")):
+        (root / "devices" / "system" / "node" / f"node{node}").mkdir(parents=True)
+        (root / "devices" / "system" / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "dtk-26.04").mkdir()
+    (tmp_path / "dtk").symlink_to(tmp_path / "dtk-26.04")
+    (tmp_path / "record.json").write_text('{"dir": "x"}\n')
+    result = module_runner("dcu_facts", {
+        "sysfs_root": str(root), "hy_smi_path": str(tmp_path / "none"),
+        "stat": [str(tmp_path / "dtk"), str(tmp_path / "dtk-26.04"), str(tmp_path / "absent")],
+        "read": [str(tmp_path / "record.json"), str(tmp_path / "absent")],
+        "commands": {"echo": ["sh", "-c", "echo out; echo err >&2; exit 3"], "missing": ["no-such-command-x"]},
+        "getent": ["group"]})
+    assert not result.get("failed"), result
+    assert result["changed"] is False
+    assert result["ansible_facts"]["dcu"]["numa_cpus"] == {"0": "0-3", "1": "4-7"}
+    stat = result["probe"]["stat"]
+    link = stat[str(tmp_path / "dtk")]
+    assert link["islnk"] and link["lnk_target"] == str(tmp_path / "dtk-26.04")
+    assert stat[str(tmp_path / "dtk-26.04")]["isdir"] and not stat[str(tmp_path / "dtk-26.04")]["islnk"]
+    assert stat[str(tmp_path / "dtk-26.04")]["gr_name"], "the owning group is named"
+    assert stat[str(tmp_path / "absent")] == {"exists": False, "isdir": False, "islnk": False, "lnk_target": None,
+                                              "gr_name": None}
+    assert result["probe"]["read"] == {str(tmp_path / "record.json"): '{"dir": "x"}\n', str(tmp_path / "absent"): None}
+    commands = result["probe"]["commands"]
+    assert (commands["echo"]["rc"], commands["echo"]["stdout"], commands["echo"]["stderr"]) == (3, "out\n", "err\n")
+    assert commands["missing"]["rc"] == 127 and "no-such-command-x" in commands["missing"]["stderr"]
+    assert "root" in result["ansible_facts"]["getent_group"]
+    assert result["ansible_facts"]["getent_group"]["root"][1] == "0", "name -> [password, gid, members]"
+
+
+def test_a_command_that_is_not_an_argument_list_is_refused(fake_sysfs, module_runner, tmp_path):
+    result = module_runner("dcu_facts", {"sysfs_root": str(fake_sysfs(cards=1)), "hy_smi_path": str(tmp_path / "none"),
+                                         "commands": {"rock": "dpkg-query -W rock*"}})
+    assert result["failed"] and "rock" in result["msg"] and "argv" in result["msg"]
+
+
+def test_device_nodes_name_the_group_of_each_node_that_exists(fake_sysfs, module_runner, tmp_path):
+    """The nodes of a fake sysfs do not exist in this /dev: none is listed, unless the host has a /dev/kfd."""
+    import grp
+    import os
+    facts = _facts(module_runner, sysfs_root=str(fake_sysfs(cards=2)), hy_smi_path=str(tmp_path / "none"))
+    expected = {}
+    for path in ["/dev/kfd", "/dev/mkfd", "/dev/dri/card1", "/dev/dri/renderD128", "/dev/dri/card2",
+                 "/dev/dri/renderD129"]:
+        if os.path.exists(path):
+            gid = os.stat(path).st_gid
+            expected[path] = {"gid": gid, "group": grp.getgrgid(gid).gr_name}
+    assert facts["device_nodes"] == expected
+
+
+def test_host_probe_looks_without_the_cards(module_runner, tmp_path):
+    (tmp_path / "venv-abc").mkdir()
+    (tmp_path / "venv").symlink_to("venv-abc")
+    result = module_runner("host_probe", {"stat": [str(tmp_path / "venv")], "read": [str(tmp_path / "none")],
+                                          "commands": {"systemd": ["sh", "-c", "echo systemd 252"]},
+                                          "getent": ["passwd"], "_ansible_check_mode": True})
+    assert not result.get("failed"), result
+    assert result["changed"] is False and "dcu" not in result["ansible_facts"]
+    assert result["probe"]["stat"][str(tmp_path / "venv")]["lnk_target"] == "venv-abc"
+    assert result["probe"]["read"] == {str(tmp_path / "none"): None}
+    assert result["probe"]["commands"]["systemd"]["stdout"] == "systemd 252\n", "commands run in check mode too"
+    assert result["ansible_facts"]["getent_passwd"]["root"][1] == "0"

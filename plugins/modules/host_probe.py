@@ -1,0 +1,109 @@
+#!/usr/bin/python
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+
+DOCUMENTATION = r"""
+---
+module: host_probe
+short_description: Many small read-only looks at a host in one call
+version_added: 0.1.0
+description:
+  - Looks at paths (type, link target, group), reads small files, runs read-only commands and reads getent
+    databases, all in one module call. A converged host's run is mostly such looks; with
+    M(ansible.builtin.stat), M(ansible.builtin.slurp), M(ansible.builtin.command) and M(ansible.builtin.getent)
+    each costs a round trip to the host.
+  - Read-only, also in check mode (the commands must be read-only).
+author:
+  - dcu-serving contributors (@dcu-serving)
+extends_documentation_fragment:
+  - dcu.serving.attributes
+  - dcu.serving.attributes.facts
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; the commands run in check mode too.
+  diff_mode:
+    support: none
+  facts:
+    support: full
+    details: Only the getent databases asked for.
+seealso:
+  - module: dcu.serving.dcu_facts
+    description: The same looks, in the call that reads the DCU cards.
+options:
+  stat:
+    description:
+      - Paths to look at, returned in RV(probe.stat) by path. The last component is not followed (a link
+        reads as a link); links before it are.
+    type: list
+    elements: path
+    default: []
+  read:
+    description: Small text files to read, returned in RV(probe.read) by path (null when missing or unreadable).
+    type: list
+    elements: path
+    default: []
+  commands:
+    description:
+      - Read-only commands to run (even in check mode), by name, each an argument list; RV(probe.commands)
+        holds each one's C(rc), C(stdout) and C(stderr). A command that cannot start gives C(rc) 127.
+    type: dict
+    default: {}
+  getent:
+    description:
+      - Databases to read with C(getent) (for example V(group), V(passwd)), returned as facts named
+        C(getent_<database>) in the shape M(ansible.builtin.getent) gives (name to the other fields).
+    type: list
+    elements: str
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Read the service user, systemd's version and the venv link in one call
+  dcu.serving.host_probe:
+    stat: [/opt/dcu-serving/venv]
+    commands:
+      systemd: [systemctl, --version]
+    getent: [passwd, group]
+  register: probed
+
+- name: Say where the venv link points
+  ansible.builtin.debug:
+    msg: "{{ probed.probe.stat['/opt/dcu-serving/venv'].lnk_target }}"
+"""
+
+RETURN = r"""
+probe:
+  description: What O(stat), O(read) and O(commands) asked for.
+  returned: always
+  type: dict
+  contains:
+    stat:
+      description: By path, C(exists), C(isdir), C(islnk), C(lnk_target) (a link's target, else null),
+        C(gr_name) (the owning group's name, else null).
+      type: dict
+      sample: {"/dev/kfd": {"exists": true, "isdir": false, "islnk": false, "lnk_target": null, "gr_name": "render"}}
+    read:
+      description: By path, the file's text, or null.
+      type: dict
+      sample: {"/var/lib/dcu-serving/rock-install.json": "{\"sha256\": \"71608c09...\"}\n"}
+    commands:
+      description: By name, C(rc), C(stdout) and C(stderr).
+      type: dict
+      sample: {"systemd": {"rc": 0, "stdout": "systemd 252 (252.36-1~deb12u1)\n", "stderr": ""}}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dcu.serving.plugins.module_utils import host_probe
+
+
+def main():
+    module = AnsibleModule(argument_spec=host_probe.ARGUMENT_SPEC, supports_check_mode=True)
+    probe, facts = host_probe.probe(module)
+    module.exit_json(changed=False, ansible_facts=facts, probe=probe)
+
+
+if __name__ == "__main__":
+    main()
