@@ -300,8 +300,8 @@ def numa_cpus(sysfs_root, cards):
 
 
 def device_nodes(cards):
-    paths = ["/dev/kfd", "/dev/mkfd"] + [card[key] for card in cards for key in ("card_node", "render_node")
-                                          if card.get(key)]
+    paths = ["/dev/kfd", "/dev/mkfd"]
+    paths += [card[key] for card in cards for key in ("card_node", "render_node") if card.get(key)]
     nodes = {}
     for path in paths:
         try:
