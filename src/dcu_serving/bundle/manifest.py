@@ -3,7 +3,7 @@
 Every mistake is reported at once, each naming its field and the fix, before anything is fetched.
 Schema (docs/bundle.md):
 
-    files:        [{name, kind: driver|dtk|hyhal, version, src: PATH|URL, sha256, file?}]
+    files:        [{name, kind: driver|dtk|hyhal|deb, version, src: PATH|URL, sha256, file?}]
     images:       [{name, ref, version?, config_digest?, optional?}]
     wheels:       {python_version, platforms: [...], implementation?, abi?, requirements: [...],
                    local_projects?: [...], constraints?, no_deps?}
@@ -23,7 +23,7 @@ VAR = "dcu_bundle_manifest"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 FQCN = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
-FILE_KINDS = ("driver", "dtk", "hyhal")
+FILE_KINDS = ("driver", "dtk", "hyhal", "deb")
 
 
 class ManifestError(ValueError):
