@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from dcu_serving.bundle import KINDS
 
@@ -140,7 +141,8 @@ def parse(data: dict) -> Manifest:
             digest = None
         if None in (name, kind, version, src, digest):
             continue
-        basename = src.rstrip("/").rsplit("/", 1)[-1]
+        # A URL's name unquoted: Debian's pool quotes the '+' and '~' of versions (%2b, %7e).
+        basename = unquote(src.rstrip("/").rsplit("/", 1)[-1]) if "://" in src else src.rstrip("/").rsplit("/", 1)[-1]
         file = _text(item, "file", where, errors, required=False) or f"{KINDS[kind]}/{basename}"
         claim(file, where)
         m.files.append(FileSpec(name, kind, version, src, digest.lower(), file))
