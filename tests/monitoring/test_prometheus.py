@@ -24,8 +24,9 @@ DASHBOARD = ROOT / "roles" / "dcu_prometheus" / "files" / "dcu-serving-dashboard
 
 @pytest.fixture(scope="module")
 def promtool(tmp_path_factory) -> str:
-    """promtool on PATH, else the one in the bundle's Prometheus package (make bundle puts it there)."""
-    found = shutil.which("promtool")
+    """promtool on PATH or in the venv (make unit installs it: tools/install-promtool), else the one in the built
+    bundle's Prometheus package."""
+    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
     if found:
         return found
     debs = sorted(glob.glob(str(ROOT / "build" / "bundle" / "debs" / "prometheus_*.deb")))
@@ -33,7 +34,7 @@ def promtool(tmp_path_factory) -> str:
         out = tmp_path_factory.mktemp("prometheus-deb")
         subprocess.run(["dpkg-deb", "-x", debs[-1], str(out)], check=True)
         return str(out / "usr" / "bin" / "promtool")
-    pytest.skip("no promtool: install Debian's prometheus package or build the bundle (make bundle)")
+    pytest.skip("no promtool: make unit installs it (tools/install-promtool .venv/bin/promtool)")
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,9 @@ def rendered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prometheus")
     bindir = Path(sys.executable).parent
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{bindir}:{os.environ['PATH']}")
-    proc = subprocess.run([str(bindir / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
-                           "-e", f"out={out}"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    argv = [str(bindir / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
+            "-e", f"out={out}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -79,8 +81,10 @@ ALERT_TESTS = {
         {  # vllm@1 stops answering: InstanceDown after 2m (its `for`), naming the unit; vllm@0 stays quiet
             "interval": "15s",
             "input_series": [
-                {"series": 'up{job="vllm", instance="127.0.0.1:8002", host="node-a", unit="vllm@0"}', "values": "1x20"},
-                {"series": 'up{job="vllm", instance="127.0.0.1:8003", host="node-a", unit="vllm@1"}', "values": "1 0x20"},
+                {"series": 'up{job="vllm", instance="127.0.0.1:8002", host="node-a", unit="vllm@0"}',
+                 "values": "1x20"},
+                {"series": 'up{job="vllm", instance="127.0.0.1:8003", host="node-a", unit="vllm@1"}',
+                 "values": "1 0x20"},
             ],
             "alert_rule_test": [
                 {"eval_time": "1m", "alertname": "InstanceDown", "exp_alerts": []},
@@ -93,68 +97,68 @@ ALERT_TESTS = {
         {  # node-b must show 4 cards and shows 3; node-a's card 1 is unbound (health 0)
             "interval": "1m",
             "input_series": [
-                {"series": 'dcu_cards{job="dcu-exporter", host="node-b"}', "values": "3x10"},
-                {"series": 'dcu_cards{job="dcu-exporter", host="node-a"}', "values": "2x10"},
-                {"series": 'dcu_card_health{job="dcu-exporter", host="node-a", card="0", pci="0000:07:00.0"}',
+                {"series": 'dcu_cards{host="node-b"}', "values": "3x10"},
+                {"series": 'dcu_cards{host="node-a"}', "values": "2x10"},
+                {"series": 'dcu_card_health{host="node-a", card="0", pci="0000:07:00.0"}',
                  "values": "1x10"},
-                {"series": 'dcu_card_health{job="dcu-exporter", host="node-a", card="1", pci="0000:0a:00.0"}',
+                {"series": 'dcu_card_health{host="node-a", card="1", pci="0000:0a:00.0"}',
                  "values": "0x10"},
             ],
             "alert_rule_test": [
                 {"eval_time": "6m", "alertname": "DCUCardMissing", "exp_alerts": [
-                    {"exp_labels": {"severity": "critical", "job": "dcu-exporter", "host": "node-a", "card": "1",
+                    {"exp_labels": {"severity": "critical", "host": "node-a", "card": "1",
                                     "pci": "0000:0a:00.0"},
                      "exp_annotations": {"summary": 'DCU card 1 on node-a is unhealthy'}},
-                    {"exp_labels": {"severity": "critical", "job": "dcu-exporter", "host": "node-b"},
+                    {"exp_labels": {"severity": "critical", "host": "node-b"},
                      "exp_annotations": {"summary": 'node-b shows only 3 DCU cards'}}]},
             ],
         },
         {  # the queue grows past 20 and keeps growing for 10m; a steady queue of 50 does not alert
             "interval": "1m",
             "input_series": [
-                {"series": 'dcu_proxy_queue_depth{job="dcu-proxy", host="node-a"}', "values": "0+5x30"},
-                {"series": 'dcu_proxy_queue_depth{job="dcu-proxy", host="node-b"}', "values": "50x30"},
+                {"series": 'dcu_proxy_queue_depth{host="node-a"}', "values": "0+5x30"},
+                {"series": 'dcu_proxy_queue_depth{host="node-b"}', "values": "50x30"},
             ],
             "alert_rule_test": [
                 {"eval_time": "20m", "alertname": "ProxyQueueGrowing", "exp_alerts": [
-                    {"exp_labels": {"severity": "warning", "job": "dcu-proxy", "host": "node-a"},
+                    {"exp_labels": {"severity": "warning", "host": "node-a"},
                      "exp_annotations": {"summary": "dcu-proxy's queue on node-a keeps growing (100 waiting)"}}]},
             ],
         },
         {  # node-a answers 10% of its requests with 502, node-b 1%: only node-a alerts
             "interval": "1m",
             "input_series": [
-                {"series": 'dcu_proxy_requests_total{job="dcu-proxy", host="node-a", api="chat", model="m", status="200"}',
+                {"series": 'dcu_proxy_requests_total{host="node-a", api="chat", model="m", status="200"}',
                  "values": "0+90x20"},
-                {"series": 'dcu_proxy_requests_total{job="dcu-proxy", host="node-a", api="chat", model="m", status="502"}',
+                {"series": 'dcu_proxy_requests_total{host="node-a", api="chat", model="m", status="502"}',
                  "values": "0+10x20"},
-                {"series": 'dcu_proxy_requests_total{job="dcu-proxy", host="node-b", api="chat", model="m", status="200"}',
+                {"series": 'dcu_proxy_requests_total{host="node-b", api="chat", model="m", status="200"}',
                  "values": "0+99x20"},
-                {"series": 'dcu_proxy_requests_total{job="dcu-proxy", host="node-b", api="chat", model="m", status="502"}',
+                {"series": 'dcu_proxy_requests_total{host="node-b", api="chat", model="m", status="502"}',
                  "values": "0+1x20"},
             ],
             "alert_rule_test": [
                 {"eval_time": "15m", "alertname": "ProxyErrorRatio", "exp_alerts": [
-                    {"exp_labels": {"severity": "warning", "job": "dcu-proxy", "host": "node-a"},
+                    {"exp_labels": {"severity": "warning", "host": "node-a"},
                      "exp_annotations": {"summary": "10% of dcu-proxy's answers on node-a are errors"}}]},
             ],
         },
         {  # card 0 at 98% of its VRAM for 10m alerts; card 1 at vLLM's usual 90% does not
             "interval": "1m",
             "input_series": [
-                {"series": 'dcu_card_vram_used_bytes{job="dcu-exporter", host="node-a", card="0", pci="p0", service="m"}',
+                {"series": 'dcu_card_vram_used_bytes{host="node-a", card="0", pci="p0", service="m"}',
                  "values": "98x20"},
-                {"series": 'dcu_card_vram_total_bytes{job="dcu-exporter", host="node-a", card="0", pci="p0", service="m"}',
+                {"series": 'dcu_card_vram_total_bytes{host="node-a", card="0", pci="p0", service="m"}',
                  "values": "100x20"},
-                {"series": 'dcu_card_vram_used_bytes{job="dcu-exporter", host="node-a", card="1", pci="p1", service="m"}',
+                {"series": 'dcu_card_vram_used_bytes{host="node-a", card="1", pci="p1", service="m"}',
                  "values": "90x20"},
-                {"series": 'dcu_card_vram_total_bytes{job="dcu-exporter", host="node-a", card="1", pci="p1", service="m"}',
+                {"series": 'dcu_card_vram_total_bytes{host="node-a", card="1", pci="p1", service="m"}',
                  "values": "100x20"},
             ],
             "alert_rule_test": [
                 {"eval_time": "5m", "alertname": "DCUVRAMNearFull", "exp_alerts": []},
                 {"eval_time": "15m", "alertname": "DCUVRAMNearFull", "exp_alerts": [
-                    {"exp_labels": {"severity": "warning", "job": "dcu-exporter", "host": "node-a", "card": "0",
+                    {"exp_labels": {"severity": "warning", "host": "node-a", "card": "0",
                                     "pci": "p0", "service": "m"},
                      "exp_annotations": {"summary": 'VRAM of card 0 on node-a is 98% used'}}]},
             ],
