@@ -37,16 +37,40 @@ def promtool(tmp_path_factory) -> str:
     pytest.skip("no promtool: make unit installs it (tools/install-promtool .venv/bin/promtool)")
 
 
+def playbook(name: str, *args: str) -> subprocess.CompletedProcess:
+    """ansible-playbook tests/monitoring/<name> against the two-host inventory, on the controller."""
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{bindir}:{os.environ['PATH']}",
+               ANSIBLE_NOCOLOR="1")
+    argv = [str(bindir / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / name), *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prometheus")
-    bindir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{bindir}:{os.environ['PATH']}")
-    argv = [str(bindir / "ansible-playbook"), "-i", str(HERE / "inventory.yml"), str(HERE / "render.yml"),
-            "-e", f"out={out}"]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = playbook("render.yml", "-e", f"out={out}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"dcu_prometheus_listen": "9090"}, "dcu_prometheus_listen is \"9090\": give HOST:PORT"),
+    ({"dcu_prometheus_hosts": []}, "dcu_prometheus_hosts is empty"),
+])
+def test_bad_settings_stop_the_role_at_its_first_task_naming_the_variable(extra, says):
+    proc = playbook("role.yml", "-e", json.dumps(extra))
+    assert proc.returncode != 0
+    assert "TASK [dcu.serving.dcu_prometheus : Check the settings]" in proc.stdout, proc.stdout[-2000:]
+    assert says in proc.stdout, proc.stdout[-2000:]
+
+
+def test_hosts_whose_instances_are_unknown_are_named_with_the_playbook_that_reads_them():
+    """node-c's instances were never read (no dcu_vllm in the run, nor in its inventory)."""
+    proc = playbook("role.yml", "-e", json.dumps({"dcu_prometheus_hosts": ["node-a", "node-c"]}))
+    assert proc.returncode != 0
+    assert "The vLLM instances of node-c are unknown in this run" in proc.stdout, proc.stdout[-2000:]
+    assert "playbooks/monitoring.yml" in proc.stdout
 
 
 def test_every_exporter_instance_and_proxy_of_the_inventory_is_scraped(rendered):

@@ -35,6 +35,12 @@ def test_the_exporter_runs_as_its_own_user_in_the_device_groups_and_serves_the_c
     assert host.service("dcu-exporter").is_running
     assert host.service("dcu-exporter").is_enabled
     assert host.check_output("systemctl show --property=User --value dcu-exporter") == "dcu-exporter"
+    shown = host.check_output("systemctl show --property=NoNewPrivileges,ProtectSystem,CapabilityBoundingSet,"
+                              "PrivateTmp,ProtectKernelTunables dcu-exporter")
+    hardening = dict(line.split("=", 1) for line in shown.splitlines())
+    assert hardening == {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "CapabilityBoundingSet": "",
+                         "PrivateTmp": "yes", "ProtectKernelTunables": "yes"}
+    assert "127.0.0.1:9400" in host.check_output("ss -Hltn 'sport = :9400'")
     groups = host.user("dcu-exporter").groups
     assert host.file("/dev/kfd").group in groups and host.file("/dev/dri/renderD128").group in groups
     # The service label is the unit of the card's instance, from dcu_vllm's instances (exporter-services.json).
