@@ -5,6 +5,7 @@ through Prometheus' HTTP API on the node (it listens on loopback; the node has n
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 
 from support import wait_until  # tests/support.py, on pytest's pythonpath
@@ -80,9 +81,11 @@ def test_a_stopped_instance_fires_instance_down_naming_its_unit(host):
     wait_until(lambda: up_by_target(host).get(("vllm", "vllm@1")) == "1", 60, interval=1, what="vllm@1 up")
     assert firing() == []
     host.run_expect([0], "systemctl stop vllm@1")
+    stopped = time.monotonic()
     try:
         # 2s scrapes and evaluations, for: 6s (host_vars/node.yml)
         alerts = wait_until(firing, 90, interval=1, what="InstanceDown firing for vllm@1")
+        print(f"InstanceDown fired {time.monotonic() - stopped:.1f}s after systemctl stop vllm@1")
         assert [(a["job"], a["unit"], a["host"], a["severity"]) for a in alerts] == [
             ("vllm", "vllm@1", "node", "critical")]
     finally:
