@@ -73,7 +73,11 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	$(BIN)/antsibull-changelog generate
 	rm -f changelogs/.plugin-cache.yaml
 
-unit: venv  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle
+# promtool for tests/monitoring: from the Prometheus package the demo bundle carries (tools/install-promtool).
+$(BIN)/promtool: inventories/demo/group_vars/all/bundle.yml | $(BIN)/.stamp
+	$(BIN)/python tools/install-promtool $@
+
+unit: venv $(BIN)/promtool  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle, rules
 	$(BIN)/pytest -q -m "not docker and not loadgen and not gateway" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)

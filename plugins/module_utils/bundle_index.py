@@ -14,7 +14,7 @@ import os
 FORMAT = 1
 INDEX = "index.json"
 SUMS = "SHA256SUMS"
-KINDS = ("driver", "dtk", "hyhal", "image", "wheel", "collection")
+KINDS = ("driver", "dtk", "hyhal", "deb", "image", "wheel", "collection")
 REQUIRED = ("name", "kind", "version", "file", "sha256", "size")
 # Files a build leaves only while it runs; never part of a finished bundle.
 TRANSIENT_SUFFIXES = (".part", ".tmp")

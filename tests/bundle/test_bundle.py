@@ -128,6 +128,14 @@ def test_manifest_mistakes_are_all_named():
     assert len(err.value.errors) == 4
 
 
+def test_a_debian_package_from_the_archive_lands_in_debs_under_its_own_name():
+    """Debian's pool quotes a version's '+' and '~' in its URLs; the bundle keeps the package's real name."""
+    m = parse({"dcu_bundle_manifest": {"files": [{
+        "name": "prometheus", "kind": "deb", "version": "2.42.0+ds-5+deb12u1", "sha256": "a" * 64,
+        "src": "http://deb.debian.org/debian/pool/main/p/prometheus/prometheus_2.42.0%2bds-5%2bdeb12u1_amd64.deb"}]}})
+    assert m.files[0].file == "debs/prometheus_2.42.0+ds-5+deb12u1_amd64.deb"
+
+
 def test_collections_install_offline_from_the_bundle(build, local_manifest, tmp_path):
     build(local_manifest)
     tarballs = sorted(str(p) for p in (tmp_path / "bundle" / "collections").glob("*.tar.gz"))
@@ -196,5 +204,6 @@ def test_demo_manifest_pins_what_the_vendor_builder_makes(tmp_path):
                          check=True, capture_output=True, text=True).stdout
     built = {line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in out.splitlines() if line.strip()}
     demo = yaml.safe_load((REPO / "inventories/demo/group_vars/all/bundle.yml").read_text())
-    pinned = {f["src"].rsplit("/", 1)[-1]: f["sha256"] for f in demo["dcu_bundle_manifest"]["files"]}
+    pinned = {f["src"].rsplit("/", 1)[-1]: f["sha256"] for f in demo["dcu_bundle_manifest"]["files"]
+              if f["kind"] != "deb"}  # the Debian packages are the archive's, pinned to its sums
     assert pinned == {name: built.get(name) for name in pinned}

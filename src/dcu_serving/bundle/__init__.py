@@ -11,6 +11,7 @@ KINDS = {
     "driver": "driver",
     "dtk": "dtk",
     "hyhal": "hyhal",
+    "deb": "debs",
     "image": "images",
     "wheel": "wheels",
     "collection": "collections",

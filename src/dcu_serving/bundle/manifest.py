@@ -3,7 +3,7 @@
 Every mistake is reported at once, each naming its field and the fix, before anything is fetched.
 Schema (docs/bundle.md):
 
-    files:        [{name, kind: driver|dtk|hyhal, version, src: PATH|URL, sha256, file?}]
+    files:        [{name, kind: driver|dtk|hyhal|deb, version, src: PATH|URL, sha256, file?}]
     images:       [{name, ref, version?, config_digest?, optional?}]
     wheels:       {python_version, platforms: [...], implementation?, abi?, requirements: [...],
                    local_projects?: [...], constraints?, no_deps?, hashed?: [requirements file, ...]}
@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from dcu_serving.bundle import KINDS
 
@@ -23,7 +24,7 @@ VAR = "dcu_bundle_manifest"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 FQCN = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
-FILE_KINDS = ("driver", "dtk", "hyhal")
+FILE_KINDS = ("driver", "dtk", "hyhal", "deb")
 
 
 class ManifestError(ValueError):
@@ -141,7 +142,8 @@ def parse(data: dict) -> Manifest:
             digest = None
         if None in (name, kind, version, src, digest):
             continue
-        basename = src.rstrip("/").rsplit("/", 1)[-1]
+        # A URL's name unquoted: Debian's pool quotes the '+' and '~' of versions (%2b, %7e).
+        basename = unquote(src.rstrip("/").rsplit("/", 1)[-1]) if "://" in src else src.rstrip("/").rsplit("/", 1)[-1]
         file = _text(item, "file", where, errors, required=False) or f"{KINDS[kind]}/{basename}"
         claim(file, where)
         m.files.append(FileSpec(name, kind, version, src, digest.lower(), file))
