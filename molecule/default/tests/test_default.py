@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 import uuid
 
 import requests
@@ -166,5 +167,28 @@ def test_a_card_left_out_is_retired_and_the_proxy_reloads_without_restarting(hos
     assert unit(host, "dcu-proxy", "MainPID") == pid
     changed = recap(out, "node")["changed"]
     assert changed > 0
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
+    assert result.get("summary") == "8/8", result.get("msg")
+
+
+def test_verify_names_a_unit_whose_container_cannot_start_within_10_s(host, unit, run_playbook, dcu_module):
+    """vllm@3's image is missing (a second env file names an absent one): systemd restarts it again and again,
+    and verify.yml says so at once instead of waiting dcu_verify_timeout (300 s) for 8/8."""
+    dropin, env = "/run/systemd/system/vllm@3.service.d/broken-image.conf", "/run/dcu-serving-broken-image.env"
+    host.check_output(f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironmentFile={env}\\n' >{dropin}"
+                      f" && echo DCU_VLLM_IMAGE=dcu-serving/absent:0 >{env} && systemctl daemon-reload"
+                      " && systemctl restart --no-block vllm@3")
+    try:
+        started = time.monotonic()
+        rc, out = run_playbook("verify.yml")
+        took = time.monotonic() - started
+        assert rc != 0, out[-3000:]
+        assert "vllm@3 keeps failing" in out and "journalctl -u vllm@3 -n 50" in out, out[-3000:]
+        assert "dcu-serving/absent:0" in out, out[-3000:]  # docker's own words, from the unit's journal
+        assert took < 10, f"verify.yml took {took:.1f}s to name the failed unit"
+    finally:
+        host.check_output(f"rm -f {dropin} {env} && systemctl daemon-reload && systemctl reset-failed vllm@3"
+                          " && systemctl restart vllm@3")  # returns once it serves (ExecStartPost)
+    assert unit(host, "vllm@3", "ActiveState") == "active"
     result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
     assert result.get("summary") == "8/8", result.get("msg")
