@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import requests
 import yaml
@@ -60,6 +62,38 @@ def test_cluster_health_reports_8_of_8(host, dcu_module):
     result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, check_backends="true", timeout=60)
     assert result.get("summary") == "8/8", result.get("msg")
     assert sorted(b["unit"] for b in result["backends"]) == sorted(f"vllm@{card}" for card in range(CARDS))
+
+
+def test_verify_writes_an_audit_report_with_the_bundles_sums(host, run_playbook, recap):
+    """verify.yml on the healthy node: passes, and its report says where each part came from, by the bundle's
+    own SHA-256s (index.json), with no drift from the inventory."""
+    started = time.monotonic()
+    rc, out = run_playbook("verify.yml")
+    took = time.monotonic() - started
+    assert rc == 0 and recap(out, "node")["changed"] == 0, out[-3000:]
+    print(f"verify.yml on the healthy 8-card node: {took:.1f}s")
+    reports = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "reports"
+    report = json.loads((reports / "node.json").read_text())
+    index = json.loads((Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]) / "build/bundle/index.json").read_text())
+    by_kind = {a["kind"]: a for a in index["artifacts"] if a["kind"] in ("driver", "dtk")}
+    assert report["ok"] and report["drift"] == [] and report["problems"] == [], report
+    assert (report["driver"]["file"], report["driver"]["sha256"]) == (by_kind["driver"]["file"],
+                                                                      by_kind["driver"]["sha256"])
+    assert (report["dtk"]["file"], report["dtk"]["sha256"]) == (by_kind["dtk"]["file"], by_kind["dtk"]["sha256"])
+    images = {a["refs"][0]: a for a in index["artifacts"] if a["kind"] == "image"}
+    for image in report["images"]:
+        bundled = images[image["ref"]]
+        assert (image["file"], image["sha256"], image["config_digest"]) == (
+            bundled["file"], bundled["sha256"], bundled["config_digest"])
+    assert {i["ref"] for i in report["images"]} >= {"dcu-serving/vllm-sim:0.11.0"}
+    model = report["models"][0]
+    config = host.check_output("sha256sum /srv/models/MiniCPM-V-4.5/config.json").split()[0]
+    assert model["path"] == "/srv/models/MiniCPM-V-4.5" and model["config_sha256"] == config
+    proxy_yml = host.check_output("sha256sum /etc/dcu-serving/proxy.yml").split()[0]
+    assert report["proxy"]["config_sha256"] == proxy_yml and report["proxy"]["version"]
+    assert report["healthy"] == f"{CARDS}/{CARDS}" and len(report["units"]) == CARDS + 1
+    assert "# Audit of node" in (reports / "node.md").read_text()
+    assert json.loads((reports / "fleet.json").read_text())["ok"] == 1
 
 
 def test_a_chat_completion_with_an_image_is_answered_and_logged_by_orid(host, proxy_url, image_file):
