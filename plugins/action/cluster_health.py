@@ -41,8 +41,9 @@ class ActionModule(ActionBase):
                                           task_vars=task_vars)
             if answer.get("failed") or not answer.get("waiting") or timeout is None or every <= 0:
                 break
-            display.display("%s: waiting %ds: %s" % (task_vars.get("inventory_hostname"),
-                                                     time.monotonic() - started, "; ".join(answer["waiting"])))
+            # On stderr: a callback that prints JSON (ansible.posix.json) keeps stdout to itself.
+            display.display("%s: waiting %ds: %s" % (task_vars.get("inventory_hostname"), time.monotonic() - started,
+                                                     "; ".join(answer["waiting"])), stderr=True)
         answer.pop("waiting", None)
         answer["elapsed"] = round(time.monotonic() - started, 2)
         result.update(answer)

@@ -197,5 +197,5 @@ def test_the_playbook_prints_progress_then_fails_naming_the_unit(tmp_path, http_
     proc = subprocess.run([os.path.join(bin_dir, "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            str(playbook)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert proc.returncode != 0, proc.stdout
-    assert "localhost: waiting" in proc.stdout and "vllm@3 restarting after a failure" in proc.stdout, proc.stdout
+    assert "localhost: waiting" in proc.stderr and "vllm@3 restarting after a failure" in proc.stderr, proc.stderr
     assert "vllm@3 keeps failing - 2 failures" in proc.stdout, proc.stdout
