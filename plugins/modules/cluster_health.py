@@ -494,6 +494,13 @@ def main():
         time.sleep(p["interval"])  # polling interval of a deadline-bounded wait
     elapsed = round(time.monotonic() - started, 2)
 
+    if body is None:
+        cause = status.error or "HTTP %s" % status.status
+        module.fail_json(
+            msg="dcu-proxy does not answer on %s/__lb_status (%s) after %ss — systemctl status dcu-proxy; "
+                "journalctl -u dcu-proxy" % (url, cause, elapsed),
+            healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[], units=list(units.values()))
+
     probe = p["check_backends"] or healthy < expected
     by_url = dict((str(i.get("url", "")).rstrip("/"), i) for i in p["instances"] or [])
     backends = [describe_backend(b, p["base_port"], p["model"], probe, by_url.get(str(b.get("url", "")).rstrip("/")))
