@@ -109,14 +109,16 @@ def audit_report(gathered, host, facts=None, health=None, access=None, bundle=No
     units = [dict((k, u.get(k)) for k in ("unit", "state", "active", "sub", "result", "restarts"))
              for u in health.get("units") or []]
     problems.extend("%s %s" % (u["unit"], u["state"]) for u in units if u["state"] != "active")
-    healthy = "%s/%s" % (health.get("healthy", 0), expected.get("instances", health.get("total", 0)))
+    # No health result: an earlier check of verify.yml failed (its own message says which).
+    healthy = "%s/%s" % (health.get("healthy", 0), expected.get("instances", health.get("total", 0))) \
+        if health else "not checked"
     if health.get("failed"):
         problems.append("verify: %s" % health.get("msg"))
     users = []
     for result in access or []:
-        users.append({"user": result.get("user") or result.get("item"), "ok": not result.get("problems")
-                      and not result.get("failed"), "problems": result.get("problems") or []})
-        problems.extend("device access of %s: %s" % (users[-1]["user"], p) for p in users[-1]["problems"])
+        found = result.get("problems") or ([result["msg"]] if result.get("failed") and result.get("msg") else [])
+        users.append({"user": result.get("user") or result.get("item"), "ok": not found, "problems": found})
+        problems.extend("device access of %s: %s" % (users[-1]["user"], p) for p in found)
 
     return {
         "host": host, "generated": generated, "orid": orid, "ok": not drift and not problems,

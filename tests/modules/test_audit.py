@@ -189,3 +189,13 @@ def test_the_fleet_summary_counts_the_hosts_without_problems(module_runner, host
     assert fleet["summary"][1]["problems"] == ["vllm@3 failed"] and fleet["summary"][0]["images"] == {VLLM: DIGEST}
     md = audit_markdown(fleet)
     assert "1 of 2 hosts without problems or drift" in md and "| node2 | **no** | 8/8 |" in md
+
+
+def test_a_host_whose_device_check_failed_is_reported_not_checked(module_runner, host):
+    access = [{"item": "dcu-serving", "failed": True, "msg": "dcu-serving cannot open /dev/kfd: permission denied",
+               "problems": []}]
+    r = report(module_runner, host, health={}, access=access)
+    assert not r["ok"] and r["healthy"] == "not checked"
+    assert r["problems"] == ["device access of dcu-serving: dcu-serving cannot open /dev/kfd: permission denied"]
+    assert r["device_access"] == [{"user": "dcu-serving", "ok": False, "problems": [
+        "dcu-serving cannot open /dev/kfd: permission denied"]}]
