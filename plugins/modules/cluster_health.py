@@ -328,6 +328,9 @@ def functional_requests(module, url, services, orid, timeout, backends):
     return results
 
 
+# Seconds between looks while a unit is starting (one systemctl show and one local HTTP request).
+UNIT_POLL = 0.5
+
 # systemctl show's properties of a unit, enough to tell running, starting and settled failed apart.
 UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts",
                    "StateChangeTimestampMonotonic")
@@ -491,7 +494,10 @@ def main():
             module.exit_json(changed=False, waiting=waiting, units=list(units.values()),
                              elapsed=round(now - started, 2), healthy=healthy, total=total,
                              summary="%d/%d" % (healthy, total), backends=[])
-        time.sleep(p["interval"])  # polling interval of a deadline-bounded wait
+        # Polling interval of a deadline-bounded wait; shorter while a unit starts, so that the few seconds
+        # of a restart loop's auto-restart state (RestartSec) are seen, not stepped over.
+        starting = any(u["state"] == "starting" for u in units.values())
+        time.sleep(min(p["interval"], UNIT_POLL) if starting else p["interval"])
     elapsed = round(time.monotonic() - started, 2)
 
     if body is None:

@@ -199,3 +199,17 @@ def test_the_playbook_prints_progress_then_fails_naming_the_unit(tmp_path, http_
     assert proc.returncode != 0, proc.stdout
     assert "localhost: waiting" in proc.stderr and "vllm@3 restarting after a failure" in proc.stderr, proc.stderr
     assert "vllm@3 keeps failing - 2 failures" in proc.stdout, proc.stdout
+
+
+def test_a_restart_loop_is_seen_between_two_slow_polls(module_runner, http_server, fake_systemd):
+    """A unit looping through start (activating) and RestartSec (auto-restart): the units are read every 0.5 s
+    while one starts, so an auto-restart state shorter than the 2 s interval is not stepped over."""
+    starting = {"vllm@3": ["activating", "start-post", "success", 1]}
+    between = {"vllm@3": ["activating", "auto-restart", "exit-code", 1]}
+    fake_systemd([starting, between, starting, starting, starting, starting, starting, starting])
+    proxy = http_server({"/__lb_status": lb_status(7)})
+    started = time.monotonic()
+    result = module_runner("cluster_health", {"url": proxy.url, "expected": 8, "timeout": 30, "interval": 2,
+                                              "units": UNITS})
+    assert result.get("failed") and "vllm@3 keeps failing - 2 failures" in result["msg"], result
+    assert time.monotonic() - started < 2
