@@ -464,7 +464,7 @@ def main():
     started = time.monotonic()
     deadline = started + p["timeout"]
     report_at = started + p["report_every"] if p["report_every"] else None
-    units = {}
+    units, starting = {}, []
     while True:
         if names:
             units = read_units(module, systemctl, names)
@@ -482,11 +482,12 @@ def main():
         body = status.body if status.ok and isinstance(status.body, dict) else None
         healthy, total = (int(body.get("healthy", 0)), int(body.get("total", 0))) if body is not None else (0, 0)
         expected = p["expected"] if p["expected"] is not None else total
-        if body is not None and total and healthy >= expected:
+        starting = ["%s %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting"]
+        # A unit in start-post may already answer the proxy's health check: done only once it is active.
+        if body is not None and total and healthy >= expected and not starting:
             break
-        waiting = ["%s %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting"]
-        waiting.append("%d/%d healthy behind the proxy" % (healthy, expected) if body is not None
-                       else "dcu-proxy answers no status yet (%s)" % (status.error or "HTTP %s" % status.status))
+        waiting = [*starting, "%d/%d healthy behind the proxy" % (healthy, expected) if body is not None else
+                   "dcu-proxy answers no status yet (%s)" % (status.error or "HTTP %s" % status.status)]
         now = time.monotonic()
         if now >= deadline:
             break
@@ -496,7 +497,6 @@ def main():
                              summary="%d/%d" % (healthy, total), backends=[])
         # Polling interval of a deadline-bounded wait; shorter while a unit starts, so that the few seconds
         # of a restart loop's auto-restart state (RestartSec) are seen, not stepped over.
-        starting = any(u["state"] == "starting" for u in units.values())
         time.sleep(min(p["interval"], UNIT_POLL) if starting else p["interval"])
     elapsed = round(time.monotonic() - started, 2)
 
@@ -524,7 +524,7 @@ def main():
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
                         % (total, expected))
-    if healthy < expected or (p["check_backends"] and problems):
+    if healthy < expected or starting or (p["check_backends"] and problems):
         module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
             healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)
     if p["functional_request"]:

@@ -213,3 +213,21 @@ def test_a_restart_loop_is_seen_between_two_slow_polls(module_runner, http_serve
                                               "units": UNITS})
     assert result.get("failed") and "vllm@3 keeps failing - 2 failures" in result["msg"], result
     assert time.monotonic() - started < 2
+
+
+def test_a_unit_in_start_post_is_awaited_although_the_proxy_already_counts_it(module_runner, http_server,
+                                                                              fake_systemd):
+    """The readiness waiter (ExecStartPost) runs while /health already answers: 8/8 behind the proxy is not
+    done until the unit is active, and a unit still starting at the timeout fails the check."""
+    starting = {"vllm@2": ["activating", "start-post", "success", 0]}
+    table = fake_systemd([starting, starting, {}])
+    proxy = http_server({"/__lb_status": lb_status(8)})
+    result = module_runner("cluster_health", {"url": proxy.url, "expected": 8, "timeout": 30, "units": UNITS})
+    assert not result.get("failed"), result
+    assert result["summary"] == "8/8" and int((table.parent / "systemd.json.calls").read_text()) == 3
+    assert all(u["state"] == "active" for u in result["units"])
+
+    (table.parent / "systemd.json.calls").unlink()
+    fake_systemd([starting])
+    result = module_runner("cluster_health", {"url": proxy.url, "expected": 8, "timeout": 0.3, "units": UNITS})
+    assert result.get("failed") and "vllm@2 still activating (start-post)" in result["msg"], result
