@@ -89,7 +89,9 @@ options:
   units:
     description:
       - systemd units that must be active, for example C(vllm@0) ... C(vllm@7) and C(dcu-proxy). A unit that
-        has settled failed fails the module at once; the wait goes on only while some unit is still starting.
+        has settled failed fails the module at once; the wait goes on only while some unit is still starting,
+        and N/N behind the proxy counts only once every unit is active (a unit in C(start-post) may already
+        answer C(/health)). While one starts, the units are read every 0.5 s.
     type: list
     elements: str
     default: []
