@@ -20,6 +20,10 @@ description:
     rerank, transcription).
   - "On failure the message is a per-card diagnosis naming the unit to look at, for example
     C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
+  - Given O(units), reads their systemd states (one C(systemctl show)) before each poll, and fails at once
+    when one has settled failed - C(failed), C(inactive), not installed, or restarting after O(unit_failures)
+    failures - naming the unit, its state, the command that shows why and the last lines of its journal. Only
+    units still starting are waited for.
 version_added: "0.1.0"
 author:
   - dcu-serving contributors (@dcu-serving)
@@ -82,6 +86,28 @@ options:
     description: Send one chat completion with a small image through the proxy and check the answer.
     type: bool
     default: false
+  units:
+    description:
+      - systemd units that must be active, for example C(vllm@0) ... C(vllm@7) and C(dcu-proxy). A unit that
+        has settled failed fails the module at once; the wait goes on only while some unit is still starting,
+        and N/N behind the proxy counts only once every unit is active (a unit in C(start-post) may already
+        answer C(/health)). While one starts, the units are read every 0.5 s.
+    type: list
+    elements: str
+    default: []
+  unit_failures:
+    description:
+      - A unit that systemd restarts (C(Restart=on-failure)) counts as failed once it has failed this many
+        times since it was last started by hand (its C(NRestarts) + 1); before that it is waited for.
+    type: int
+    default: 2
+  report_every:
+    description:
+      - Seconds after which the module returns, not failed, with the units and backends it still waits for
+        (RV(waiting)) when O(timeout) has not passed yet; V(0) waits until O(timeout). The action plugin sets
+        it (10 s unless given), prints what is awaited and calls the module again until O(timeout).
+    type: float
+    default: 0
   orid:
     description: Order id (C(user)) of the functional request, to find it in the results log.
     type: str
@@ -137,6 +163,20 @@ backends:
   sample:
     - {url: "http://127.0.0.1:8002", card: 0, unit: "vllm@0", healthy: true, active: 0,
        last_error: null, health: 200, models: ["MiniCPM-V-4.5"], diagnosis: null}
+units:
+  description: Each of O(units) with its systemd state, as of the last poll.
+  returned: when O(units) is given
+  type: list
+  elements: dict
+  sample:
+    - {unit: "vllm@3", state: "failed", active: "activating", sub: "auto-restart", result: "exit-code",
+       restarts: 1, why: "keeps failing - 2 failures since it was started by hand (Result=exit-code)"}
+waiting:
+  description: What is still awaited when O(report_every) passed first, one short line each.
+  returned: when the module returns before O(timeout) because of O(report_every)
+  type: list
+  elements: str
+  sample: ["vllm@3 activating (start-post) for 12s", "7/8 healthy behind the proxy"]
 requests:
   description: Every functional request's result (one per service with O(instances)), each with its C(model),
     C(api), C(status), C(backend) and C(latency_s).
@@ -291,6 +331,86 @@ def functional_requests(module, url, services, orid, timeout, backends):
     return results
 
 
+# Seconds between looks while a unit is starting (one systemctl show and one local HTTP request).
+UNIT_POLL = 0.5
+
+# systemctl show's properties of a unit, enough to tell running, starting and settled failed apart.
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts",
+                   "StateChangeTimestampMonotonic")
+
+
+def unit_name(name):
+    return name[:-len(".service")] if name.endswith(".service") else name
+
+
+def parse_show(text):
+    """systemctl show of several units (blocks separated by a blank line) -> {unit name: {property: value}}."""
+    units = {}
+    for block in text.strip().split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id"):
+            units[unit_name(props["Id"])] = props
+    return units
+
+
+def unit_state(name, props, failures, now=None):
+    """One unit's verdict from its systemctl show properties: a dict with state 'active', 'starting' or
+    'failed', and `why` in words with the command that shows more."""
+    load, active, sub = props.get("LoadState"), props.get("ActiveState"), props.get("SubState")
+    result = props.get("Result") or "unknown"
+    try:
+        restarts = int(props.get("NRestarts") or 0)
+    except ValueError:
+        restarts = 0
+    out = {"unit": name, "active": active, "sub": sub, "result": result, "restarts": restarts}
+    journal = "journalctl -u %s -n 50" % name
+    if load != "loaded":
+        why = "is %s (LoadState=%s) - run playbooks/serving.yml, which installs it" % (
+            "not installed" if load == "not-found" else "not loadable", load)
+        return dict(out, state="failed", why=why)
+    if active == "active":
+        return dict(out, state="active", why="active (%s)" % sub)
+    if sub == "auto-restart":
+        # Restart=on-failure: it failed and systemd will start it again. NRestarts counts the automatic
+        # restarts since the last start by hand, so this is failure number NRestarts + 1.
+        if restarts + 1 >= failures:
+            return dict(out, state="failed", why="keeps failing - %d failures since it was started by hand, "
+                        "systemd restarts it again and again (Result=%s) - %s" % (restarts + 1, result, journal))
+        return dict(out, state="starting", why="restarting after a failure (Result=%s)" % result)
+    if active in ("activating", "reloading", "deactivating"):
+        since, changed = "", props.get("StateChangeTimestampMonotonic") or "0"
+        if now is not None and changed.isdigit() and 0 < int(changed) / 1e6 <= now:
+            since = " for %ds" % (now - int(changed) / 1e6)
+        return dict(out, state="starting", why="%s (%s)%s" % (active, sub, since))
+    if active == "failed":
+        # After StartLimitBurst starts systemd starts it no more, until reset-failed: always safe to say.
+        return dict(out, state="failed", why="failed (Result=%s, %d restarts) - %s; once fixed: systemctl "
+                    "reset-failed %s && systemctl start %s" % (result, restarts, journal, name, name))
+    return dict(out, state="failed", why="is stopped (%s/%s) - systemctl start %s; why it stopped: %s" % (
+        active, sub, name, journal))
+
+
+def read_units(module, systemctl, names):
+    """{name: unit_state} for the units, from one systemctl show."""
+    rc, out, err = module.run_command([systemctl, "show", "--property=" + ",".join(UNIT_PROPERTIES), *names])
+    if rc != 0:
+        module.fail_json(msg="systemctl show %s failed (rc %s): %s" % (" ".join(names), rc, err.strip()))
+    shown, now = parse_show(out), time.monotonic()
+    return dict((name, unit_state(name, shown.get(unit_name(name), {}), module.params["unit_failures"], now))
+                for name in names)
+
+
+def journal_tail(module, name, lines=5):
+    """The last lines the unit's own processes logged (a container's output goes there too, through the
+    attached client), without systemd's lines about the unit: the cause, often."""
+    journalctl = module.get_bin_path("journalctl")
+    if not journalctl:
+        return []
+    unit = name if "." in name.rsplit("@", 1)[-1] else name + ".service"
+    rc, out, _ = module.run_command([journalctl, "_SYSTEMD_UNIT=" + unit, "-n", str(lines), "--no-pager", "-o", "cat"])
+    return out.strip().splitlines()[-lines:] if rc == 0 else []
+
+
 def argument_problem(p):
     """The first argument error, naming the option, or None. Checked before anything is polled."""
     url = urlsplit(p["url"])
@@ -309,6 +429,11 @@ def argument_problem(p):
         return "request_timeout: %s is not a positive number of seconds" % p["request_timeout"]
     if p["expected"] is not None and p["expected"] < 0:
         return "expected: %s is negative; give how many backends must be healthy" % p["expected"]
+    if p["unit_failures"] < 1:
+        return "unit_failures: %s is less than 1; give after how many failures a restarting unit counts as failed" \
+            % p["unit_failures"]
+    if p["report_every"] < 0:
+        return "report_every: %s is negative; give seconds between progress reports (0 for none)" % p["report_every"]
     return None
 
 
@@ -326,6 +451,9 @@ def main():
             functional_request=dict(type="bool", default=False),
             orid=dict(type="str", default="cluster-health"),
             request_timeout=dict(type="float", default=120),
+            units=dict(type="list", elements="str", default=[]),
+            unit_failures=dict(type="int", default=2),
+            report_every=dict(type="float", default=0),
         ),
         supports_check_mode=True,
     )
@@ -334,19 +462,45 @@ def main():
     if problem:
         module.fail_json(msg=problem)
     url = p["url"].rstrip("/")
+    names = p["units"]
+    systemctl = module.get_bin_path("systemctl", required=True) if names else None
     started = time.monotonic()
     deadline = started + p["timeout"]
+    report_at = started + p["report_every"] if p["report_every"] else None
+    units, starting = {}, []
     while True:
+        if names:
+            units = read_units(module, systemctl, names)
+            failed = [u for u in units.values() if u["state"] == "failed"]
+            if failed:  # settled: waiting longer would not change it
+                elapsed = round(time.monotonic() - started, 2)
+                lines = []
+                for u in failed:
+                    tail = journal_tail(module, u["unit"])
+                    lines.append("%s %s%s" % (u["unit"], u["why"], ("; its last lines: " + " | ".join(tail))
+                                                                   if tail else ""))
+                module.fail_json(msg="%d of %d units failed (after %ss): %s" % (
+                    len(failed), len(names), elapsed, "; ".join(lines)), units=list(units.values()), elapsed=elapsed)
         status = request(url + "/__lb_status", timeout=5)
         body = status.body if status.ok and isinstance(status.body, dict) else None
-        if body is not None:
-            healthy, total = int(body.get("healthy", 0)), int(body.get("total", 0))
-            expected = p["expected"] if p["expected"] is not None else total
-            if total and healthy >= expected:
-                break
-        if time.monotonic() >= deadline:
+        healthy, total = (int(body.get("healthy", 0)), int(body.get("total", 0))) if body is not None else (0, 0)
+        expected = p["expected"] if p["expected"] is not None else total
+        starting = ["%s %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting"]
+        # A unit in start-post may already answer the proxy's health check: done only once it is active.
+        if body is not None and total and healthy >= expected and not starting:
             break
-        time.sleep(p["interval"])  # polling interval of a deadline-bounded wait
+        waiting = [*starting, "%d/%d healthy behind the proxy" % (healthy, expected) if body is not None else
+                   "dcu-proxy answers no status yet (%s)" % (status.error or "HTTP %s" % status.status)]
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        if report_at is not None and now >= report_at:
+            module.exit_json(changed=False, waiting=waiting, units=list(units.values()),
+                             elapsed=round(now - started, 2), healthy=healthy, total=total,
+                             summary="%d/%d" % (healthy, total), backends=[])
+        # Polling interval of a deadline-bounded wait; shorter while a unit starts, so that the few seconds
+        # of a restart loop's auto-restart state (RestartSec) are seen, not stepped over.
+        time.sleep(min(p["interval"], UNIT_POLL) if starting else p["interval"])
     elapsed = round(time.monotonic() - started, 2)
 
     if body is None:
@@ -354,7 +508,7 @@ def main():
         module.fail_json(
             msg="dcu-proxy does not answer on %s/__lb_status (%s) after %ss — systemctl status dcu-proxy; "
                 "journalctl -u dcu-proxy" % (url, cause, elapsed),
-            healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[])
+            healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[], units=list(units.values()))
 
     probe = p["check_backends"] or healthy < expected
     by_url = dict((str(i.get("url", "")).rstrip("/"), i) for i in p["instances"] or [])
@@ -365,15 +519,18 @@ def main():
                                                             by_url.get(str(b.get("url", "")).rstrip("/"))), entries))
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
+    if names:
+        result["units"] = list(units.values())
     problems = []
     for b in backends:
         if b["diagnosis"]:
             where = b["unit"] if by_url else "card %s" % b["card"]
             problems.append("%s: %s — journalctl -u %s" % (where, b["diagnosis"], b["unit"]))
+    problems.extend("%s still %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting")
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
                         % (total, expected))
-    if healthy < expected or (p["check_backends"] and problems):
+    if healthy < expected or starting or (p["check_backends"] and problems):
         module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
             healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)
     if p["functional_request"]:

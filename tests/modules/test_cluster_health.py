@@ -55,3 +55,10 @@ def test_polls_the_proxy_directly_although_the_environment_names_an_http_proxy(
     assert result["summary"] == "1/1" and result["backends"][0]["unit"] == "vllm@0"
     assert [seen["line"] for seen in status.seen] == ["GET /__lb_status HTTP/1.1"]
     assert proxy.seen == []
+
+
+def test_a_proxy_that_does_not_answer_is_named_at_the_timeout(module_runner):
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 0.3, "interval": 0.1})
+    assert result.get("failed"), result
+    assert result["msg"].startswith(f"dcu-proxy does not answer on {CLOSED}/__lb_status (connection refused)")
+    assert "journalctl -u dcu-proxy" in result["msg"] and result["summary"] == "0/0"

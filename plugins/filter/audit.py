@@ -1,0 +1,200 @@
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""The audit report of verify.yml: what a host runs and where each piece came from (serving_audit's reading,
+dcu_facts, cluster_health, dcu_device_access, the bundle's index.json), its problems, and its drift from the
+inventory and the bundle. Plain data in, plain data out, so the JSON, the Markdown and the tests agree."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+def _artifact(bundle, kind, sha256=None, ref=None):
+    """The bundle's artifact of `kind` with that sum or image ref, or None."""
+    for artifact in (bundle or {}).get("artifacts") or []:
+        if artifact.get("kind") != kind:
+            continue
+        if (sha256 and artifact.get("sha256") == sha256) or (ref and ref in (artifact.get("refs") or [])):
+            return artifact
+    return None
+
+
+def _installed(kind, record, bundle, pinned, variable, drift):
+    """Report entry of a driver or DTK install record; its drift appended to `drift`."""
+    record = record or {}
+    if not record.get("sha256"):
+        drift.append("%s: no install record (it was not installed by dcu.serving.dcu_driver)" % kind)
+        return {"version": None, "file": None, "sha256": None, "in_bundle": None}
+    in_bundle = None
+    if bundle:
+        in_bundle = _artifact(bundle, "driver" if kind == "driver" else kind, sha256=record["sha256"]) is not None
+        if not in_bundle:
+            drift.append("%s: installed from %s (sha256 %s), which the bundle does not hold" % (
+                kind, record.get("file"), record["sha256"]))
+    if pinned and record.get("version") != pinned:
+        drift.append("%s: %s installed, the inventory pins %s (%s)" % (kind, record.get("version"), pinned, variable))
+    return {"version": record.get("version"), "file": record.get("file"), "sha256": record["sha256"],
+            "in_bundle": in_bundle}
+
+
+def _package(package):
+    """The install record's package ({name, version}, or a string as older records hold it) as one string."""
+    if isinstance(package, dict):
+        return " ".join(str(package[k]) for k in ("name", "version") if package.get(k)) or None
+    return package
+
+
+def audit_report(gathered, host, facts=None, health=None, access=None, bundle=None, expected=None, orid=None,
+                 generated=None):
+    """One host's report: a dict of plain values (see docs/operations.md, "Audit")."""
+    facts, health, expected = facts or {}, health or {}, expected or {}
+    drift, problems = [], []
+
+    cards = facts.get("card_count")
+    if expected.get("cards") and cards != expected["cards"]:
+        drift.append("cards: %s found, the inventory expects %s (dcu_vllm_expected_cards)" % (cards, expected["cards"]))
+
+    loaded = facts.get("driver") or {}
+    driver = dict(_installed("driver", gathered.get("driver"), bundle, expected.get("driver_version"),
+                             "dcu_driver_version", drift),
+                  module=loaded.get("module"), loaded_version=loaded.get("version"),
+                  package=_package((gathered.get("driver") or {}).get("package")))
+    if not loaded.get("loaded"):
+        problems.append("driver: no DCU kernel module is loaded")
+
+    dtk_record = gathered.get("dtk") or {}
+    dtk = dict(_installed("dtk", dtk_record, bundle, expected.get("dtk_version"), "dcu_driver_dtk_version", drift),
+               path=dtk_record.get("link"), active_version=(facts.get("dtk") or {}).get("version"))
+    if dtk["version"] and dtk["active_version"] and dtk["version"] != dtk["active_version"]:
+        drift.append("dtk: %s is active, %s was installed" % (dtk["active_version"], dtk["version"]))
+
+    # hyhal: a standalone tarball's marker says "<file> sha256:<sum> over rock <version>"; else the driver's own.
+    hy = gathered.get("hyhal") or {}
+    marker = (hy.get("marker") or "").split()
+    if len(marker) >= 2 and marker[1].startswith("sha256:"):
+        hyhal = {"path": hy.get("path"), "version": hy.get("version"), "file": marker[0],
+                 "sha256": marker[1][len("sha256:"):], "from": "standalone tarball"}
+    else:
+        hyhal = {"path": hy.get("path"), "version": hy.get("version") or driver["version"], "file": driver["file"],
+                 "sha256": driver["sha256"], "from": "the driver package"}
+
+    images = []
+    for entry in gathered.get("images") or []:
+        artifact = _artifact(bundle, "image", ref=entry["ref"]) or {}
+        image = {"name": artifact.get("name"), "ref": entry["ref"], "config_digest": entry.get("id"),
+                 "file": artifact.get("file"), "sha256": artifact.get("sha256")}
+        images.append(image)
+        if not entry.get("id"):
+            drift.append("image %s: the container engine does not hold it (run images.yml)" % entry["ref"])
+        elif bundle and not artifact:
+            drift.append("image %s: the bundle does not hold it" % entry["ref"])
+        elif artifact and artifact.get("config_digest") and artifact["config_digest"] != entry["id"]:
+            drift.append("image %s: the engine holds %s, the bundle's %s is %s (run images.yml with "
+                         "dcu_images_force)" % (entry["ref"], entry["id"], artifact.get("file"),
+                                                artifact["config_digest"]))
+    by_ref = dict((i["ref"], i["config_digest"]) for i in images)
+    for c in gathered.get("containers") or []:
+        if c.get("image_id") and by_ref.get(c.get("image")) and c["image_id"] != by_ref[c["image"]]:
+            drift.append("container %s runs an older %s (%s; the engine's is %s) - run rolling_restart.yml" % (
+                c["name"], c["image"], c["image_id"], by_ref[c["image"]]))
+
+    models = gathered.get("models") or []
+    for m in models:
+        if not m.get("exists"):
+            drift.append("model: %s does not exist (dcu_vllm_model_dir)" % m.get("path"))
+        elif not m.get("config_sha256"):
+            drift.append("model: %s has no config.json" % m.get("path"))
+
+    units = [dict((k, u.get(k)) for k in ("unit", "state", "active", "sub", "result", "restarts"))
+             for u in health.get("units") or []]
+    problems.extend("%s %s" % (u["unit"], u["state"]) for u in units if u["state"] != "active")
+    # No health result: an earlier check of verify.yml failed (its own message says which).
+    healthy = "%s/%s" % (health.get("healthy", 0), expected.get("instances", health.get("total", 0))) \
+        if health else "not checked"
+    if health.get("failed"):
+        problems.append("verify: %s" % health.get("msg"))
+    users = []
+    for result in access or []:
+        found = result.get("problems") or ([result["msg"]] if result.get("failed") and result.get("msg") else [])
+        users.append({"user": result.get("user") or result.get("item"), "ok": not found, "problems": found})
+        problems.extend("device access of %s: %s" % (users[-1]["user"], p) for p in found)
+
+    return {
+        "host": host, "generated": generated, "orid": orid, "ok": not drift and not problems,
+        "healthy": healthy, "cards": {"found": cards, "expected": expected.get("cards") or None,
+                                      "source": facts.get("source")},
+        "driver": driver, "dtk": dtk, "hyhal": hyhal, "images": images,
+        "containers": gathered.get("containers") or [], "models": models, "proxy": gathered.get("proxy") or {},
+        "units": units, "device_access": users,
+        "requests": [dict((k, r.get(k)) for k in ("model", "api", "status", "backend", "latency_s"))
+                     for r in health.get("requests") or []],
+        "problems": problems, "drift": drift,
+    }
+
+
+def audit_fleet(reports, generated=None):
+    """The fleet's summary from the hosts' reports."""
+    reports = [r for r in reports if r]
+    return {"generated": generated, "hosts": len(reports), "ok": sum(1 for r in reports if r["ok"]),
+            "summary": [{"host": r["host"], "ok": r["ok"], "healthy": r["healthy"],
+                         "driver": r["driver"]["version"], "dtk": r["dtk"]["version"],
+                         "images": dict((i["ref"], i["config_digest"]) for i in r["images"]),
+                         "model": dict((m["path"], m["content_sha256"]) for m in r["models"]),
+                         "problems": r["problems"], "drift": r["drift"]} for r in reports]}
+
+
+def _cell(value):
+    return "-" if value in (None, "") else str(value).replace("|", "\\|")
+
+
+def _table(head, rows, title=None):
+    """A Markdown table, under a `## title` and followed by a blank line when titled."""
+    lines = ["## " + title, ""] if title else []
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines.extend("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows)
+    return lines + ([""] if title else [])
+
+
+def audit_markdown(report):
+    """A host's report, or the fleet's summary, as Markdown."""
+    if "summary" in report:
+        out = ["# Fleet audit", "", "%s of %s hosts without problems or drift (%s)." % (
+            report["ok"], report["hosts"], _cell(report["generated"])), ""]
+        out += _table(["host", "ok", "healthy", "driver", "DTK", "problems and drift"], [
+            (s["host"], "yes" if s["ok"] else "**no**", s["healthy"], s["driver"], s["dtk"],
+             "; ".join(s["problems"] + s["drift"])) for s in report["summary"]])
+        return "\n".join(out) + "\n"
+    r = report
+    out = ["# Audit of %s" % r["host"], "",
+           "%s - %s healthy, %s (orid %s)." % ("**OK**" if r["ok"] else "**NOT OK**", r["healthy"],
+                                               _cell(r["generated"]), _cell(r["orid"])), ""]
+    if r["problems"] or r["drift"]:
+        out += ["## Problems and drift", ""] + ["- %s" % line for line in r["problems"] + r["drift"]] + [""]
+    d, t, h, p = r["driver"], r["dtk"], r["hyhal"], r["proxy"]
+    out += _table(["part", "version", "bundle file", "sha256", "notes"], [
+        ("driver", d["version"], d["file"], d["sha256"], "loaded %s %s; package %s" % (
+            _cell(d["module"]), _cell(d["loaded_version"]), _cell(d["package"]))),
+        ("DTK", t["version"], t["file"], t["sha256"], "active %s at %s" % (_cell(t["active_version"]),
+                                                                         _cell(t["path"]))),
+        ("hyhal", h["version"], h["file"], h["sha256"], "from %s, %s" % (h["from"], _cell(h["path"]))),
+    ], "Host stack")
+    out += ["Cards: %s found (%s), %s expected." % (_cell(r["cards"]["found"]), _cell(r["cards"]["source"]),
+                                                   _cell(r["cards"]["expected"])), ""]
+    out += _table(["ref", "config digest", "bundle file", "sha256"], [
+        (i["ref"], i["config_digest"], i["file"], i["sha256"]) for i in r["images"]], "Images")
+    out += _table(["directory", "size (bytes)", "files", "config.json sha256", "weight index", "content sha256"], [
+        (m["path"], m["size_bytes"], m["files"], m["config_sha256"], m["index"], m["content_sha256"])
+        for m in r["models"]], "Model")
+    out += ["## Proxy", "", "dcu-serving %s; %s sha256 %s." % (_cell(p.get("version")), _cell(p.get("config")),
+                                                               _cell(p.get("config_sha256"))), ""]
+    out += _table(["unit", "state", "systemd", "restarts"], [
+        (u["unit"], u["state"], "%s/%s" % (u["active"], u["sub"]), u["restarts"]) for u in r["units"]], "Units")
+    out += ["## Device access", ""] + ["- %s: %s" % (a["user"], "opens every node" if a["ok"] else
+                                                     "; ".join(a["problems"])) for a in r["device_access"]]
+    return "\n".join(out) + "\n"
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"audit_report": audit_report, "audit_fleet": audit_fleet, "audit_markdown": audit_markdown}
