@@ -19,6 +19,7 @@ author:
 extends_documentation_fragment:
   - dcu.serving.attributes
   - dcu.serving.attributes.facts
+  - dcu.serving.host_probe
 attributes:
   check_mode:
     support: full
@@ -31,32 +32,7 @@ attributes:
 seealso:
   - module: dcu.serving.dcu_facts
     description: The same looks, in the call that reads the DCU cards.
-options:
-  stat:
-    description:
-      - Paths to look at, returned in RV(probe.stat) by path. The last component is not followed (a link
-        reads as a link); links before it are.
-    type: list
-    elements: path
-    default: []
-  read:
-    description: Small text files to read, returned in RV(probe.read) by path (null when missing or unreadable).
-    type: list
-    elements: path
-    default: []
-  commands:
-    description:
-      - Read-only commands to run (even in check mode), by name, each an argument list; RV(probe.commands)
-        holds each one's C(rc), C(stdout) and C(stderr). A command that cannot start gives C(rc) 127.
-    type: dict
-    default: {}
-  getent:
-    description:
-      - Databases to read with C(getent) (for example V(group), V(passwd)), returned as facts named
-        C(getent_<database>) in the shape M(ansible.builtin.getent) gives (name to the other fields).
-    type: list
-    elements: str
-    default: []
+options: {}
 """
 
 EXAMPLES = r"""

@@ -1,0 +1,39 @@
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""The options of the one-call host looks (module_utils/host_probe.py), shared by dcu_facts and host_probe."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+class ModuleDocFragment(object):
+    DOCUMENTATION = r"""
+options:
+  stat:
+    description:
+      - Paths to look at, returned in RV(probe.stat) by path. The last component is not followed (a link
+        reads as a link); links before it are.
+    type: list
+    elements: path
+    default: []
+  read:
+    description: Small text files to read, returned in RV(probe.read) by path (null when missing or unreadable).
+    type: list
+    elements: path
+    default: []
+  commands:
+    description:
+      - Read-only commands to run (even in check mode), by name, each an argument list; RV(probe.commands)
+        holds each one's C(rc), C(stdout) and C(stderr). A command that cannot start gives C(rc) 127.
+    type: dict
+    default: {}
+  getent:
+    description:
+      - Databases to read with C(getent) (for example V(group), V(passwd)), returned as facts named
+        C(getent_<database>) in the shape M(ansible.builtin.getent) gives (name to the other fields).
+    type: list
+    elements: str
+    default: []
+"""
