@@ -66,8 +66,8 @@ class ActionModule(ActionBase):
         inputs = args.pop("report", None) or {}
         unknown = sorted(set(inputs) - set(REPORT_INPUTS))
         if unknown:
-            raise AnsibleActionFail("report: unknown keys %s; it takes %s" % (", ".join(unknown),
-                                                                               ", ".join(REPORT_INPUTS)))
+            raise AnsibleActionFail("report: unknown keys %s; it takes %s"
+                                    % (", ".join(unknown), ", ".join(REPORT_INPUTS)))
         gathered = self._execute_module(module_name="dcu.serving.serving_audit", module_args=args,
                                         task_vars=task_vars)
         result.update(gathered)

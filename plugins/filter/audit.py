@@ -175,12 +175,13 @@ def audit_markdown(report):
     out += _table(["part", "version", "bundle file", "sha256", "notes"], [
         ("driver", d["version"], d["file"], d["sha256"], "loaded %s %s; package %s" % (
             _cell(d["module"]), _cell(d["loaded_version"]), _cell(d["package"]))),
-        ("DTK", t["version"], t["file"], t["sha256"], "active %s at %s" % (_cell(t["active_version"]),
-                                                                         _cell(t["path"]))),
+        ("DTK", t["version"], t["file"], t["sha256"],
+         "active %s at %s" % (_cell(t["active_version"]), _cell(t["path"]))),
         ("hyhal", h["version"], h["file"], h["sha256"], "from %s, %s" % (h["from"], _cell(h["path"]))),
     ], "Host stack")
-    out += ["Cards: %s found (%s), %s expected." % (_cell(r["cards"]["found"]), _cell(r["cards"]["source"]),
-                                                   _cell(r["cards"]["expected"])), ""]
+    cards = r["cards"]
+    out += ["Cards: %s found (%s), %s expected." % (_cell(cards["found"]), _cell(cards["source"]),
+                                                    _cell(cards["expected"])), ""]
     out += _table(["ref", "config digest", "bundle file", "sha256"], [
         (i["ref"], i["config_digest"], i["file"], i["sha256"]) for i in r["images"]], "Images")
     out += _table(["directory", "size (bytes)", "files", "config.json sha256", "weight index", "content sha256"], [

@@ -407,7 +407,8 @@ def journal_tail(module, name, lines=5):
     if not journalctl:
         return []
     unit = name if "." in name.rsplit("@", 1)[-1] else name + ".service"
-    rc, out, _ = module.run_command([journalctl, "_SYSTEMD_UNIT=" + unit, "-n", str(lines), "--no-pager", "-o", "cat"])
+    argv = [journalctl, "_SYSTEMD_UNIT=" + unit, "-n", str(lines), "--no-pager", "-o", "cat"]
+    rc, out, _err = module.run_command(argv)
     return out.strip().splitlines()[-lines:] if rc == 0 else []
 
 
@@ -477,8 +478,8 @@ def main():
                 lines = []
                 for u in failed:
                     tail = journal_tail(module, u["unit"])
-                    lines.append("%s %s%s" % (u["unit"], u["why"], ("; its last lines: " + " | ".join(tail))
-                                                                   if tail else ""))
+                    last = ("; its last lines: " + " | ".join(tail)) if tail else ""
+                    lines.append("%s %s%s" % (u["unit"], u["why"], last))
                 module.fail_json(msg="%d of %d units failed (after %ss): %s" % (
                     len(failed), len(names), elapsed, "; ".join(lines)), units=list(units.values()), elapsed=elapsed)
         status = request(url + "/__lb_status", timeout=5)

@@ -207,7 +207,7 @@ def model_dir(path):
     if not out["exists"]:
         return out
     size = files = 0
-    for root, _, names in os.walk(path, followlinks=True):
+    for root, _dirs, names in os.walk(path, followlinks=True):
         for name in names:
             try:
                 size += os.stat(os.path.join(root, name)).st_size
@@ -230,7 +230,7 @@ def inspect(module, engine, names):
     together; a name the engine lacks is simply absent."""
     if not names or not engine:
         return {}
-    _, out, _ = module.run_command([engine, "inspect", *names])
+    _rc, out, _err = module.run_command([engine, "inspect", *names])
     try:
         entries = json.loads(out or "[]")  # printed for the names found, also when one is missing (rc 1)
     except ValueError:
