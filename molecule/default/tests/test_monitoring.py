@@ -1,6 +1,6 @@
-"""testinfra checks of monitoring on the emulated node (molecule/monitoring): dcu-exporter as its own user,
-Prometheus installed offline from the bundle, every scrape target up, and a stopped instance's alert, all read
-through Prometheus' HTTP API on the node (it listens on loopback; the node has no network)."""
+"""testinfra checks of monitoring on the emulated node (converge.yml ends with playbooks/monitoring.yml):
+dcu-exporter as its own user, Prometheus installed from the bundle with no package source, every scrape target
+up, and a stopped instance's alert, all read through Prometheus' HTTP API on the node (it listens on loopback)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import urllib.parse
 
 from support import wait_until  # tests/support.py, on pytest's pythonpath
 
-CARDS = 2  # molecule.yml: cards: 2
+CARDS = 8  # molecule.yml: cards: 8
 PROMETHEUS = "http://127.0.0.1:9090"
 # Prometheus itself, the card exporter, the proxy and one vLLM instance per card.
 TARGETS = 3 + CARDS
@@ -46,8 +46,8 @@ def test_the_exporter_runs_as_its_own_user_in_the_device_groups_and_serves_the_c
     assert host.file("/dev/kfd").group in groups and host.file("/dev/dri/renderD128").group in groups
     # The service label is the unit of the card's instance, from dcu_vllm's instances (exporter-services.json).
     cards = api(host, "/api/v1/query", query='dcu_card_health{job="dcu-exporter"}')["result"]
-    assert sorted((r["metric"]["card"], r["metric"]["service"], r["value"][1]) for r in cards) == [
-        ("0", "vllm@0", "1"), ("1", "vllm@1", "1")]
+    assert sorted((int(r["metric"]["card"]), r["metric"]["service"], r["value"][1]) for r in cards) == [
+        (card, f"vllm@{card}", "1") for card in range(CARDS)]
 
 
 def test_prometheus_comes_from_the_bundle_and_runs_as_prometheus_on_loopback(host):
