@@ -10,9 +10,9 @@ Every model each host serves becomes a deployment on that host's dcu-proxy; call
 picks a host. Choices, each for a reason:
 - least-busy routing: the deployment with the fewest requests in flight from this gateway, so a host that
   is slow to answer (its queue is long) gets fewer new ones;
-- retries only where no work was done: a connection refused or reset before an answer, and dcu-proxy's 503
-  (queue full, no healthy card) go once to another host; a timeout, a 500 or a 502 may have generated tokens
-  already and are returned as they are;
+- retries only where no work was done: dcu-proxy's 503 (queue full, no healthy card) and LiteLLM's own
+  connection errors go once more; a timeout, a 500 or a 502 may have generated tokens already and are returned
+  as they are (LiteLLM 1.106 reports a refused connection as a 500, so it is returned too);
 - a host that fails more than `allowed_fails` times is left out for `cooldown` seconds (passive health
   checks: an active one would spend a card's time on a generation at every interval, and dcu-proxy checks
   its cards itself);
