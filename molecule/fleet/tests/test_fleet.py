@@ -116,18 +116,18 @@ def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway():
         assert gateway in refused.value.read().decode()
 
 
-def test_one_hosts_proxy_stopped_the_other_answers_with_at_most_allowed_fails_failures():
-    """The bound: a request fails only if its tries all land on the stopped host (a refused connection is retried
-    once, dcu_gateway_retries); each such try counts against the host, and after dcu_gateway_allowed_fails (3) in
-    a minute the gateway leaves it out for the cooldown. So at most 3 of the requests fail, and none after that."""
+def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first_allowed_fails_plus_one():
+    """The bound: LiteLLM sees a refused connection as a 500, which is not retried (a 500 may follow generated
+    tokens); each counts against the host, and the failure past dcu_gateway_allowed_fails (3) leaves the host out
+    for the cooldown (30 s). So at most 4 requests fail, whatever the host answered before, and none after."""
     on("node-a", "systemctl", "stop", "dcu-proxy")
     try:
         before = len(app_lines("node-b"))
         app = client(KEYS[APP])
         outcomes = [attempt(app) for _ in range(20)]
         failed = [o for o in outcomes if o != 200]
-        assert len(failed) <= ALLOWED_FAILS, outcomes
-        assert outcomes[-10:] == [200] * 10, outcomes  # the stopped host is left out by then
+        assert len(failed) <= ALLOWED_FAILS + 1, outcomes
+        assert outcomes[ALLOWED_FAILS + 1:] == [200] * (len(outcomes) - ALLOWED_FAILS - 1), outcomes  # left out
         wait_until(lambda: len(app_lines("node-b")) - before == outcomes.count(200), 15, interval=0.5,
                    what="node-b's results lines for every answered request")
         print(f"one host's proxy stopped: {len(failed)} of {len(outcomes)} requests failed ({failed})")
@@ -192,3 +192,13 @@ def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without
     assert chat(client(new))
     assert attempt(client(KEYS[APP])) == 401
     assert pid in on("gateway", "systemctl", "show", "dcu-gateway", "-p", "MainPID")
+
+    # A new master key is read at start: the gateway restarts with it, and neither key shows in the output.
+    master = "sk-fleet-master-rotated-" + os.urandom(8).hex()
+    rc, out = run_playbook("gateway.yml", "--diff",
+                           extra_vars={"dcu_gateway_callers": callers, "dcu_gateway_master_key": master})
+    assert rc == 0, out[-3000:]
+    assert recap(out, "gateway")["changed"] >= 1
+    assert master not in out and MASTER not in out and new not in out
+    assert master not in on("gateway", "cat", "/etc/dcu-gateway/keys.json", "/etc/dcu-gateway/config.yaml")
+    assert chat(client(new))  # the role waited until it answers again
