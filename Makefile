@@ -48,8 +48,7 @@ $(GATEWAY)/.stamp: requirements/gateway.txt pyproject.toml
 	$(GATEWAY)/bin/pip install -q --no-deps -e .
 	touch $@
 
-gateway: venv images $(GATEWAY)/.stamp  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy, and roles/dcu_gateway on a node
-	tools/ensure-docker
+gateway: venv $(GATEWAY)/.stamp  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy (the role: molecule fleet)
 	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm $(BIN)/pytest -q -m gateway tests/gateway
 
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy

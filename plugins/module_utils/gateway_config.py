@@ -10,10 +10,10 @@ Every model each host serves becomes a deployment on that host's dcu-proxy; call
 picks a host. Choices, each for a reason:
 - least-busy routing: the deployment with the fewest requests in flight from this gateway, so a host that
   is slow to answer (its queue is long) gets fewer new ones;
-- retries only where no work was done: a connection refused or reset before an answer, and dcu-proxy's 503
-  (queue full, no healthy card) go once to another host; a timeout, a 500 or a 502 may have generated tokens
-  already and are returned as they are;
-- a host that fails `allowed_fails` times in a minute is left out for `cooldown` seconds (passive health
+- retries only where no work was done: dcu-proxy's 503 (queue full, no healthy card) and LiteLLM's own
+  connection errors go once more; a timeout, a 500 or a 502 may have generated tokens already and are returned
+  as they are (LiteLLM 1.106 reports a refused connection as a 500, so it is returned too);
+- a host that fails more than `allowed_fails` times is left out for `cooldown` seconds (passive health
   checks: an active one would spend a card's time on a generation at every interval, and dcu-proxy checks
   its cards itself);
 - timeouts long enough for multimodal requests (many images, long answers): `request_timeout`;
@@ -90,6 +90,11 @@ def gateway_config(hosts, settings=None):
                 "NotFoundErrorRetries": 0,
             },
             "allowed_fails": s["allowed_fails"],
+            # LiteLLM 1.106 counts allowed_fails only under a policy (else it cools a host down past 50 % failures
+            # in a minute, so a stopped host that had served well kept failing; the fleet scenario measured 11 of
+            # 20). A refused connection reaches it as an InternalServerError.
+            "allowed_fails_policy": {f"{error}AllowedFails": s["allowed_fails"] for error in (
+                "InternalServerError", "BadGatewayError", "ServiceUnavailableError", "TimeoutError")},
             "cooldown_time": s["cooldown"],
             "timeout": s["request_timeout"],
         },

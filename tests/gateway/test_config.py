@@ -24,6 +24,9 @@ def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
     policy = router["retry_policy"]
     assert policy["ServiceUnavailableErrorRetries"] == 1 and policy["DefaultRetries"] == 1
     assert policy["TimeoutErrorRetries"] == 0 and policy["InternalServerErrorRetries"] == 0
+    # A host is left out past allowed_fails failures, whatever it answered before (a refused connection is a 500).
+    assert router["allowed_fails_policy"] == {"InternalServerErrorAllowedFails": 3, "BadGatewayErrorAllowedFails": 3,
+                                              "ServiceUnavailableErrorAllowedFails": 3, "TimeoutErrorAllowedFails": 3}
     general = config["general_settings"]
     assert general["custom_auth"] == "dcu_serving.gateway.auth.user_api_key_auth"
     assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"  # never the key itself in the file
@@ -31,7 +34,8 @@ def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
 
 
 def test_settings_reach_the_config():
-    config = gateway_config(HOSTS, {"request_timeout": 1800, "retries": 0, "cooldown": 5})
+    config = gateway_config(HOSTS, {"request_timeout": 1800, "retries": 0, "cooldown": 5, "allowed_fails": 1})
+    assert set(config["router_settings"]["allowed_fails_policy"].values()) == {1}
     assert config["litellm_settings"]["request_timeout"] == 1800
     assert config["router_settings"]["retry_policy"]["DefaultRetries"] == 0
     assert config["router_settings"]["cooldown_time"] == 5
