@@ -68,6 +68,16 @@ def test_a_removed_group_membership_is_named_with_its_fix(dcu_host: DoctorHost):
     assert failure["fix"] == "usermod -aG render dcu-batch (then restart its services), or run playbooks/drivers.yml"
 
 
+def test_a_damaged_access_record_warns_instead_of_hiding_the_users(dcu_host: DoctorHost):
+    (dcu_host.state / "device-access.json").write_text('{"users": ["dcu-batch"]}\\n')  # a literal backslash-n
+    rc, findings = dcu_host.findings()
+    assert rc == 0  # a warning: the rest of the host is fine
+    [warning] = of(findings, "device nodes", "warn")
+    assert warning["message"].endswith("device-access.json is not valid JSON: which service users need the nodes "
+                                       "is not known, only dcu-serving and --user are checked")
+    assert warning["fix"] == "run playbooks/drivers.yml (it writes the record again)"
+
+
 def test_a_user_on_the_command_line_is_checked_too_and_a_missing_one_named(dcu_host: DoctorHost):
     rc, findings = dcu_host.findings("--user", "batch-jobs")
     assert rc == 1

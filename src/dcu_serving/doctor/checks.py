@@ -108,6 +108,11 @@ def _nodes(host: Host) -> list:
 
 def device_nodes(host: Host) -> list:
     findings, stats = [], {}
+    damaged = host.access_record_damaged()
+    if damaged:
+        findings.append(Finding("device nodes", WARN, f"{damaged} is not valid JSON: which service users need the "
+                                                      f"nodes is not known, only dcu-serving and --user are checked",
+                                DRIVERS_FIX + " (it writes the record again)"))
     groups = host.groups()
     for name, path in _nodes(host):
         try:

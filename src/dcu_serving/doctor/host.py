@@ -78,6 +78,17 @@ class Host:
         """dcu_driver's record: {users, groups: {compute, display}, expected_cards}; {} before the role ran."""
         return self.read_json(self.path("state", ACCESS_RECORD))
 
+    def access_record_damaged(self) -> str | None:
+        """The record's path when it is there but not a JSON object (the checks then fall back to defaults)."""
+        path = self.path("state", ACCESS_RECORD)
+        text = self.read(path)
+        if not text:
+            return None
+        try:
+            return None if isinstance(json.loads(text), dict) else path
+        except ValueError:
+            return path
+
     def service_users(self) -> list:
         recorded = self.access_record().get("users") or []
         users = list(recorded) + [user for user in self.users if user not in recorded]
