@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 from itertools import pairwise
 
 import aiohttp
 from proxy.proxytools import body, slow
+
+from support import free_port
 
 ITL_MS = 40
 
@@ -65,3 +69,47 @@ async def test_usage_is_logged_and_stripped_unless_asked_for(start_sim, start_pr
         assert line["stream"] is True and line["status"] == 200
         assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0
         assert line["ttft_ms"] is not None and line["ttft_ms"] <= line["latency_ms"]
+
+
+def test_a_caller_that_leaves_after_done_is_logged_as_answered(start_proxy):
+    """The OpenAI SDK closes its connection once it reads `data: [DONE]`; a card may end its chunked stream a
+    moment later. The caller had the whole answer: the results line says 200, not 499."""
+    end_stream = threading.Event()
+    listener = socket.create_server(("127.0.0.1", free_port()))
+
+    def card():  # a vLLM stand-in whose stream ends (the chunked terminator) only when the test says so
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                request = conn.recv(65536)
+                if request.startswith(b"GET"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                events = (b'data: {"choices":[{"index":0,"delta":{"content":"done"},"finish_reason":"stop"}]}\n\n'
+                          b"data: [DONE]\n\n")
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n%x\r\n%s\r\n" % (len(events), events))
+                end_stream.wait(10)
+                conn.sendall(b"0\r\n\r\n")
+
+    threading.Thread(target=card, daemon=True).start()
+    try:
+        proxy = start_proxy([f"http://127.0.0.1:{listener.getsockname()[1]}"], healthy=1)
+        payload = json.dumps(body(stream=True, user="leaves-after-done")).encode()
+        with socket.create_connection(("127.0.0.1", proxy.port)) as caller:
+            caller.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+            received = b""
+            while b"data: [DONE]" not in received:
+                chunk = caller.recv(65536)
+                assert chunk, f"the proxy closed before [DONE]: {received!r}"
+                received += chunk
+        end_stream.set()  # the caller is gone; now the card's stream ends and the proxy finishes the answer
+        [record] = proxy.settled_results("leaves-after-done")
+        assert (record["status"], record["finish_reason"]) == (200, "stop"), record
+    finally:
+        end_stream.set()
+        listener.close()

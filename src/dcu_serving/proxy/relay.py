@@ -406,6 +406,8 @@ class Relay:
                     rec.update(fields)
                 if events:
                     await response.write(events)
+                    if b"data: [DONE]" in events:  # the caller has the whole answer, whenever it now leaves
+                        rec["status"] = status
             if pending:
                 await response.write(pending)
             conn.release()
@@ -435,7 +437,10 @@ class Relay:
         return response
 
     def _note_cut(self, rec: dict):
-        """A request cut short: by the caller (499), or by the proxy's own shutdown (503)."""
+        """A request cut short: by the caller (499), or by the proxy's own shutdown (503). A stream whose status
+        is set was delivered to its end: its caller may close before the card's stream is over."""
+        if rec["stream"] and rec["status"]:
+            return
         if self.stopping:
             rec["status"] = 503
             rec["error"] = (f"dcu-proxy stopped before the answer was complete (shutdown_grace "
