@@ -6,9 +6,10 @@ as a zipapp: the path every driver-only host takes."""
 from __future__ import annotations
 
 import json
-import time
 
 import testkit  # molecule/_shared, on the path through conftest.py
+
+from support import wait_until  # tests/support.py, on pytest's pythonpath
 
 testinfra_hosts = ["node"]
 
@@ -29,10 +30,8 @@ def failures(report: dict) -> dict:
 
 
 def wait_for_hy_smi(host, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while host.run("/opt/hyhal/bin/hy-smi --showdriverversion").rc != 0:
-        assert time.monotonic() < deadline, f"hy-smi did not answer within {timeout}s of starting hymgr"
-        time.sleep(0.5)
+    wait_until(lambda: host.run("/opt/hyhal/bin/hy-smi --showdriverversion").rc == 0, timeout, interval=0.5,
+               what="hy-smi answering after hymgr started")
 
 
 def test_the_doctor_finds_nothing_wrong_on_the_converged_node(host):
