@@ -121,10 +121,11 @@ def test_whisper_serves_no_chat_and_a_chat_model_no_transcription(whisper, sim):
                                      "type": "BadRequestError", "param": None, "code": 400}
 
 
-def test_cluster_healths_transcription_probe_is_a_form_the_server_transcribes(whisper):
-    """verify's functional request for a speech service (cluster_health) is a multipart form vLLM accepts."""
-    from ansible_collections.dcu.serving.plugins.modules import cluster_health
+def test_the_transcription_probe_is_a_form_the_server_transcribes(whisper):
+    """The functional request for a speech service (verify's cluster_health, an upgrade's canary) is a
+    multipart form vLLM accepts."""
+    from ansible_collections.dcu.serving.plugins.module_utils import service_request
 
-    api, result = cluster_health.probe_request(whisper.url, "transcription", NAME, "verify-orid", timeout=30)
+    api, result = service_request.send_request(whisper.url, "transcription", NAME, "verify-orid", timeout=30)
     assert (api, result.status) == ("transcriptions", 200), result.raw
-    assert cluster_health._answer_problem(api, result.body) is None, result.body
+    assert service_request.answer_problem(api, result.body) is None, result.body
