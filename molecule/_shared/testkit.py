@@ -130,6 +130,41 @@ def results_line(host, orid: str, path: str = RESULTS) -> dict:
     return wait_until(find, 10, interval=0.2, what=f"the line of orid {orid} in {path}")
 
 
+@contextlib.contextmanager
+def steady_load(url: str, model: str, callers: int = 6, headers: dict | None = None):
+    """Light steady load on url's chat API while the block runs: yields the list of (status, X-Backend or error),
+    one per request, complete once the block has ended. No client-side retries: every failure the proxy (or
+    gateway) lets through counts."""
+    import threading
+
+    import requests
+
+    outcomes: list = []
+    stop = threading.Event()
+
+    def caller():
+        session = requests.Session()
+        while not stop.is_set():
+            body = {"model": model, "user": "mol-load", "max_tokens": 30,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                    "messages": [{"role": "user", "content": "ping"}]}
+            try:
+                resp = session.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+                outcomes.append((resp.status_code, resp.headers.get("X-Backend")))
+            except requests.RequestException as exc:
+                outcomes.append((None, str(exc)))
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
 def unit_property(host, unit: str, prop: str) -> str:
     return host.check_output(f"systemctl show --property={prop} --value {unit}")
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import threading
 import time
 import uuid
 from datetime import datetime
 from pathlib import Path
 
-import requests
 import yaml
-from testkit import RESULTS, results_line
+from testkit import RESULTS, results_line, steady_load
 
 from dcu_serving.client import Client
 from support import wait_until
@@ -153,35 +151,52 @@ def test_a_killed_container_is_brought_back_by_systemd(host, unit, dcu_module):
 def test_rolling_restart_under_load_fails_no_request(host, proxy_url, unit, run_playbook):
     """rolling_restart.yml on two cards while requests flow: each card drained, restarted, undrained."""
     before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in (0, 1)}
-    outcomes: list = []
-    stop = threading.Event()
-
-    def caller():  # no client-side retries: every failure the proxy lets through counts
-        session = requests.Session()
-        while not stop.is_set():
-            body = {"model": MODEL, "user": "mol-load", "max_tokens": 30,
-                    "chat_template_kwargs": {"enable_thinking": False},
-                    "messages": [{"role": "user", "content": "ping"}]}
-            try:
-                resp = session.post(proxy_url + "/v1/chat/completions", json=body, timeout=60)
-                outcomes.append((resp.status_code, resp.headers.get("X-Backend")))
-            except requests.RequestException as exc:
-                outcomes.append((None, str(exc)))
-
-    threads = [threading.Thread(target=caller) for _ in range(6)]
-    for t in threads:
-        t.start()
-    try:
+    with steady_load(proxy_url, MODEL) as outcomes:
         rc, out = run_playbook("rolling_restart.yml", extra_vars={"dcu_vllm_restart_cards": [0, 1]})
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert rc == 0, out[-3000:]
     for card in (0, 1):
         assert unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") != before[card]
     failures = [o for o in outcomes if o[0] != 200]
     assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+
+
+def test_an_image_whose_model_never_becomes_ready_is_rolled_back_with_no_failed_request(
+        host, proxy_url, unit, run_playbook, dcu_module):
+    """serving.yml with a new image whose model never becomes ready (the simulator's image with its `unhealthy`
+    fault baked in, built on the node from the loaded one): vllm@0 is the canary and fails within its start grace;
+    the rollback puts every file back, restarts vllm@0 on the old image, and the other 7 never move. Callers
+    under light steady load see no failure; the old image never left the engine."""
+    old = host.check_output("sed -n 's/^DCU_VLLM_IMAGE=//p' /etc/dcu-serving/vllm/0.env")
+    new = old.rsplit(":", 1)[0] + ":never-ready"
+    host.check_output(f"printf 'FROM {old}\\nENV DCU_SIM_FAULT=unhealthy\\n' | docker build --quiet --tag {new} -")
+    envs = {card: host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string for card in range(CARDS)}
+    unit_file = host.file("/etc/systemd/system/vllm@.service").content_string
+    before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(CARDS)}
+    started = time.monotonic()
+    # A start grace of 30 s (start timeout 45) instead of 900 keeps the wait for the never-ready model short;
+    # it changes the unit too, which the rollback restores with the env files.
+    with steady_load(proxy_url, MODEL) as outcomes:
+        rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_image": new, "dcu_vllm_start_timeout": 45})
+    took = time.monotonic() - started
+    assert rc != 0, out[-3000:]
+    assert "Rolled back on node" in out, out[-3000:]
+    assert "vllm@0 did not come back serving" in out, out[-3000:]
+    assert "/health answers 503" in out, out[-3000:]  # the waiter's own words, from vllm@0's journal
+    assert f"DCU_VLLM_IMAGE={new}" in out and f"DCU_VLLM_IMAGE={old}" in out, out[-3000:]  # the change, both ways
+    assert "8/8 serve again" in out, out[-3000:]
+
+    assert all(host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string == envs[card] for card in range(CARDS))
+    assert host.file("/etc/systemd/system/vllm@.service").content_string == unit_file
+    assert unit(host, "vllm@0", "ExecMainStartTimestampMonotonic") != before[0]
+    assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
+        {card: before[card] for card in range(1, CARDS)}, "an instance after the canary was restarted"
+    assert host.check_output("docker inspect --format '{{.Config.Image}}' vllm-0") == old
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
+    assert result.get("summary") == "8/8", result.get("msg")
+    failures = [o for o in outcomes if o[0] != 200]
+    print(f"rolled back in {took:.1f}s with {len(outcomes)} requests served meanwhile")
+    assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+    host.check_output(f"docker image rm {new}")
 
 
 def test_a_card_left_out_is_retired_and_the_proxy_reloads_without_restarting(host, unit, run_playbook, recap,
