@@ -13,7 +13,8 @@ DOCUMENTATION = r"""
 module: cluster_health
 short_description: Wait until every vLLM instance behind dcu-proxy is healthy, and say why not
 description:
-  - Polls the proxy's C(/__lb_status) until C(healthy) reaches O(expected) or O(timeout) passes.
+  - Polls the proxy's C(/__lb_status) until the backends that take callers - healthy and not drained - reach
+    O(expected) or O(timeout) passes. A drained backend is named with how to bring it back.
   - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends real requests through
     the proxy to prove the service answers end to end - one chat completion with an image; or, given
     O(instances) of model services, one request per service in its own API (chat, vision, embeddings,
@@ -137,7 +138,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 healthy:
-  description: Healthy backends.
+  description: Backends that take callers, healthy and not drained.
   returned: always
   type: int
   sample: 8
@@ -161,7 +162,7 @@ backends:
   type: list
   elements: dict
   sample:
-    - {url: "http://127.0.0.1:8002", card: 0, unit: "vllm@0", healthy: true, active: 0,
+    - {url: "http://127.0.0.1:8002", card: 0, unit: "vllm@0", healthy: true, draining: false, active: 0,
        last_error: null, health: 200, models: ["MiniCPM-V-4.5"], diagnosis: null}
 units:
   description: Each of O(units) with its systemd state, as of the last poll.
@@ -212,6 +213,15 @@ def card_of(url, base_port):
         return None
 
 
+def serving(status):
+    """The backends of a /__lb_status that take callers: healthy and not drained (a proxy that does not report
+    `draining`: its own healthy count)."""
+    backends = status.get("backends")
+    if isinstance(backends, list) and backends and all(isinstance(b, dict) and "draining" in b for b in backends):
+        return sum(1 for b in backends if b.get("healthy") and not b.get("draining"))
+    return int(status.get("healthy", 0))
+
+
 def describe_backend(entry, base_port, model, probe, instance=None):
     url = entry.get("url", "")
     card = card_of(url, base_port)
@@ -221,8 +231,8 @@ def describe_backend(entry, base_port, model, probe, instance=None):
         unit, models = ("vllm@%s" % card if card is not None else "the unit serving %s" % url), [model]
     info = {
         "url": url, "card": card if not instance else (instance.get("cards") or [card])[0], "unit": unit,
-        "healthy": bool(entry.get("healthy")), "active": entry.get("active"), "last_error": entry.get("last_error"),
-        "health": None, "models": None, "diagnosis": None,
+        "healthy": bool(entry.get("healthy")), "draining": bool(entry.get("draining")), "active": entry.get("active"),
+        "last_error": entry.get("last_error"), "health": None, "models": None, "diagnosis": None,
     }
     if probe:
         health = request(url.rstrip("/") + "/health", timeout=5)
@@ -241,6 +251,11 @@ def describe_backend(entry, base_port, model, probe, instance=None):
                     names or "no models", ", ".join(missing), unit.split("@", 1)[-1])
     if info["diagnosis"] is None and not info["healthy"]:
         info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
+    if info["draining"]:
+        drained = ("drained in the proxy (a rolling restart or an upgrade holds it, or a failed restart left it:"
+                   " `rolling_restart.yml -e '{\"dcu_vllm_restart_cards\": [%s]}'` restarts and undrains it)"
+                   % info["card"])
+        info["diagnosis"] = "%s; %s" % (info["diagnosis"], drained) if info["diagnosis"] else drained
     return info
 
 
@@ -428,7 +443,7 @@ def main():
                     len(failed), len(names), elapsed, "; ".join(lines)), units=list(units.values()), elapsed=elapsed)
         status = request(url + "/__lb_status", timeout=5)
         body = status.body if status.ok and isinstance(status.body, dict) else None
-        healthy, total = (int(body.get("healthy", 0)), int(body.get("total", 0))) if body is not None else (0, 0)
+        healthy, total = (serving(body), int(body.get("total", 0))) if body is not None else (0, 0)
         expected = p["expected"] if p["expected"] is not None else total
         starting = ["%s %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting"]
         # A unit in start-post may already answer the proxy's health check: done only once it is active.

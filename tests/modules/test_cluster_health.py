@@ -62,3 +62,23 @@ def test_a_proxy_that_does_not_answer_is_named_at_the_timeout(module_runner):
     assert result.get("failed"), result
     assert result["msg"].startswith(f"dcu-proxy does not answer on {CLOSED}/__lb_status (connection refused)")
     assert "journalctl -u dcu-proxy" in result["msg"] and result["summary"] == "0/0"
+
+
+def test_a_drained_backend_does_not_count_and_is_named_with_how_to_undrain_it(module_runner, http_server):
+    """An instance a failed restart left drained answers /health, but the proxy sends it no caller: not 2/2."""
+    backends = [{"url": "http://127.0.0.1:8002", "healthy": True, "draining": False, "active": 0, "last_error": None},
+                {"url": "http://127.0.0.1:8003", "healthy": True, "draining": True, "active": 0, "last_error": None}]
+    status = http_server({"/__lb_status": (200, {"healthy": 2, "total": 2, "backends": backends})})
+    result = module_runner("cluster_health", {"url": status.url, "expected": 2, "timeout": 0.3, "interval": 0.1})
+    assert result.get("failed"), result
+    assert result["msg"].startswith("1/2 healthy (expected 2)"), result["msg"]
+    assert "card 1: connection refused on 127.0.0.1:8003; drained in the proxy" in result["msg"], result["msg"]
+    assert """rolling_restart.yml -e '{"dcu_vllm_restart_cards": [1]}'""" in result["msg"], result["msg"]
+    assert [b["draining"] for b in result["backends"]] == [False, True]
+
+
+def test_a_proxy_that_does_not_report_draining_is_taken_at_its_healthy_count(module_runner, http_server):
+    status = http_server({"/__lb_status": (200, {"healthy": 1, "total": 1, "backends": [
+        {"url": "http://127.0.0.1:8002", "healthy": True, "active": 0, "last_error": None}]})})
+    result = module_runner("cluster_health", {"url": status.url, "expected": 1, "timeout": 5})
+    assert not result.get("failed") and result["summary"] == "1/1", result

@@ -121,7 +121,9 @@ def test_drain_and_undrain_through_the_local_admin_listener(start_sim, start_pro
         assert on_a.result().status_code == 200 and on_a.result().headers["X-Backend"] == name(a)
     listing = requests.get(f"{proxy.admin_url}/__admin/backends", timeout=5).json()["backends"]
     assert [(x["url"], x["draining"], x["active"]) for x in listing] == [(a.url, True, 0), (b.url, False, 0)]
-    assert proxy.lb_status()["healthy"] == 2  # drained is still healthy
+    status = proxy.lb_status()
+    assert status["healthy"] == 2  # drained is still healthy, and says it is drained (verify counts it out)
+    assert [(x["url"], x["draining"]) for x in status["backends"]] == [(a.url, True), (b.url, False)]
     r = admin("drain", "http://127.0.0.1:1")
     assert r.status_code == 404 and a.url in r.json()["error"]["message"]
     assert admin("drain", 17).status_code == 400

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .balancer import Backend
 from .errors import ProxyError
 from .responses import error_response, own_headers
 
@@ -33,7 +32,7 @@ class AdminAPI:
     async def handle_backends(self, request: web.BaseRequest) -> web.Response:
         if not self._authorised(request):
             return _unauthorised(request)
-        return web.json_response({"backends": [_admin_view(b) for b in self._proxy.balancer.backends]},
+        return web.json_response({"backends": [b.status() for b in self._proxy.balancer.backends]},
                                  headers=own_headers(request))
 
     async def handle_drain(self, request: web.BaseRequest) -> web.Response:
@@ -54,15 +53,11 @@ class AdminAPI:
             known = ", ".join(b.url for b in balancer.backends)
             return error_response(ProxyError(404, f"No backend {ref!r}; known backends: {known}.", "backend"), rid)
         balancer.set_draining(backend, request.path.endswith("/drain"))
-        return web.json_response(_admin_view(backend), headers=own_headers(request))
+        return web.json_response(backend.status(), headers=own_headers(request))
 
     def _authorised(self, request: web.BaseRequest) -> bool:
         token = self._proxy.settings.admin_token
         return token is None or request.headers.get("Authorization") == f"Bearer {token}"
-
-
-def _admin_view(b: Backend) -> dict:
-    return {**b.status(), "draining": b.draining}
 
 
 def _unauthorised(request: web.BaseRequest) -> web.Response:

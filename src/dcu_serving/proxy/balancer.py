@@ -55,7 +55,8 @@ class Backend:
                       if self.last_check is not None else None)
         return {"url": self.url, "healthy": self.healthy, "active": self.active, "cap": self.cap,
                 "served": self.served, "failures": self.failures, "last_error": self.last_error,
-                "last_check": last_check, "models": list(self.spec.models), "kind": self.spec.kind}
+                "last_check": last_check, "models": list(self.spec.models), "kind": self.spec.kind,
+                "draining": self.draining}
 
 
 def no_backend(retry_after: int, why: str = "no healthy backend") -> ProxyError:
