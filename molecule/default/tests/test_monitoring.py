@@ -8,6 +8,8 @@ import json
 import time
 import urllib.parse
 
+from testkit import steady_load
+
 from support import wait_until  # tests/support.py, on pytest's pythonpath
 
 CARDS = 8  # molecule.yml: cards: 8
@@ -48,6 +50,36 @@ def test_the_exporter_runs_as_its_own_user_in_the_device_groups_and_serves_the_c
     cards = api(host, "/api/v1/query", query='dcu_card_health{job="dcu-exporter"}')["result"]
     assert sorted((int(r["metric"]["card"]), r["metric"]["service"], r["value"][1]) for r in cards) == [
         (card, f"vllm@{card}", "1") for card in range(CARDS)]
+
+
+def card_readings(host) -> dict:
+    """{card: (utilisation %, VRAM used / total)} as dcu-exporter publishes them now (its own /metrics)."""
+    fetch = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=10).read().decode())"
+    text = host.check_output(f"python3 -c {fetch!r} http://127.0.0.1:9400/metrics")
+    values: dict = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in ("dcu_card_utilization_percent", "dcu_card_vram_used_bytes", "dcu_card_vram_total_bytes"):
+            card = int(line.split('card="', 1)[1].split('"', 1)[0])
+            values.setdefault(card, {})[name] = float(line.rsplit(" ", 1)[1])
+    return {card: (v["dcu_card_utilization_percent"], v["dcu_card_vram_used_bytes"] / v["dcu_card_vram_total_bytes"])
+            for card, v in values.items()}
+
+
+def test_card_utilisation_follows_the_load_and_vllm_holds_its_vram_share(host, proxy_url):
+    """The emulated driver counts each card's running sequences (docs/emulation.md): busy under load, idle after;
+    VRAM used is the --gpu-memory-utilization (0.9) each instance took at start, load or not."""
+    def readings_when(condition):
+        return lambda: (lambda r: r if condition(r) else None)(card_readings(host))
+
+    with steady_load(proxy_url, "MiniCPM-V-4.5", callers=8):
+        busy = wait_until(readings_when(lambda r: sum(1 for u, _ in r.values() if u > 0) >= 4), 30, interval=0.5,
+                          what="utilisation above 0 on at least 4 cards under 8 callers")
+    assert sorted(busy) == list(range(CARDS))
+    assert all(0.89 <= vram <= 0.91 for _, vram in busy.values()), busy
+    idle = wait_until(readings_when(lambda r: all(u == 0 for u, _ in r.values())), 30, interval=0.5,
+                      what="every card back to 0 % once the load stops")
+    assert all(0.89 <= vram <= 0.91 for _, vram in idle.values()), idle
 
 
 def test_prometheus_comes_from_the_bundle_and_runs_as_prometheus_on_loopback(host):

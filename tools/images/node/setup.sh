@@ -12,5 +12,7 @@ install -D -m 0755 /tmp/recipe/files/dcu-emu-boot /usr/local/lib/dcu-emu/boot
 install -m 0644 /tmp/recipe/files/profiles.json /tmp/recipe/files/dcuemu.py /usr/local/lib/dcu-emu/
 install -D -m 0755 /tmp/recipe/files/modprobe /usr/local/sbin/modprobe
 install -m 0644 /tmp/recipe/files/dcu-emu.service /etc/systemd/system/dcu-emu.service
+install -D -m 0755 /tmp/recipe/files/dcu-emu-activity /usr/local/lib/dcu-emu/activity
+install -m 0644 /tmp/recipe/files/dcu-emu-activity.service /etc/systemd/system/dcu-emu-activity.service
 install -m 0644 /tmp/recipe/files/dcu-emu.env /etc/dcu-emu.env
-systemctl enable dcu-emu.service >/dev/null
+systemctl enable dcu-emu.service dcu-emu-activity.service >/dev/null

@@ -91,3 +91,111 @@ def make_node(path, subsystem, driver=None, vendor=None):
         path.unlink()
     os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     apply_rules(str(path), subsystem, driver, vendor)
+
+
+# --- What the driver counts per card: gpu_busy_percent and mem_info_vram_used (dcu-emu-activity) ----------
+IDLE_VRAM = 82 * 1024 * 1024  # what a real idle card reports used
+
+
+def _json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _option(argv, name, default):
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _argv(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def card_users(sys_root, docker_root=Path("/var/lib/docker"), proc=Path("/proc")):
+    """{pid: (PCI addresses, argv)} of the vLLM servers holding cards: the processes a real driver lists per card.
+    A container's cards are its render nodes (docker's record of its devices), or HIP_VISIBLE_DEVICES where it
+    was given all of /dev/dri; a process on the host names them in HIP_VISIBLE_DEVICES."""
+    render = {p.name: (p / "device").resolve().name for p in (sys_root / "class/drm").glob("renderD*")}
+    by_index = [render[name] for name in sorted(render, key=lambda n: int(n[len("renderD"):]))]
+
+    def visible(value):
+        return [by_index[int(i)] for i in value.split(",") if i.strip().isdigit() and int(i) < len(by_index)]
+
+    users = {}
+    for config in (docker_root / "containers").glob("*/config.v2.json"):
+        record = _json(config) or {}
+        state = record.get("State") or {}
+        if not state.get("Running") or not state.get("Pid"):
+            continue
+        env = dict(e.split("=", 1) for e in (record.get("Config") or {}).get("Env") or [] if "=" in e)
+        devices = ((_json(config.with_name("hostconfig.json")) or {}).get("Devices")) or []
+        cards = [render[os.path.basename(d.get("PathOnHost", ""))] for d in devices
+                 if os.path.basename(d.get("PathOnHost", "")) in render]
+        if "HIP_VISIBLE_DEVICES" in env:
+            cards = visible(env["HIP_VISIBLE_DEVICES"])
+        if cards:
+            users[state["Pid"]] = (cards, _argv(state["Pid"]))
+    for environ in proc.glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        try:
+            env = dict(e.split("=", 1) for e in environ.read_bytes().decode(errors="replace").split("\0") if "=" in e)
+        except OSError:
+            continue
+        argv = _argv(pid)
+        if pid not in users and "HIP_VISIBLE_DEVICES" in env and "serve" in argv and "--port" in " ".join(argv):
+            users[pid] = (visible(env["HIP_VISIBLE_DEVICES"]), argv)
+    return users
+
+
+def running_requests(port, timeout=0.5):
+    """vllm:num_requests_running of the server on port (0 when it does not answer)."""
+    import urllib.request
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return 0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running") and " " in line)
+
+
+def update_activity(sys_root, users):
+    """Write each bound card's busy percent (the running sequences over --max-num-seqs of the server on it) and
+    VRAM used (--gpu-memory-utilization of it, which vLLM takes at start and keeps; idle: 82 MiB)."""
+    devices = sys_root / "bus/pci/devices"
+    busy, vram = {}, {}
+    for cards, argv in users.values():
+        seqs = max(1, int(_option(argv, "--max-num-seqs", "256")))
+        share = float(_option(argv, "--gpu-memory-utilization", "0.9"))
+        percent = min(100, round(100 * running_requests(_option(argv, "--port", "8000")) / seqs))
+        for bdf in cards:
+            total = int((devices / bdf / "mem_info_vram_total").read_text().strip() or 0)
+            busy[bdf] = max(busy.get(bdf, 0), percent)
+            vram[bdf] = max(vram.get(bdf, IDLE_VRAM), int(share * total))
+    for device in devices.iterdir():
+        if not (device / "mem_info_vram_total").exists():
+            continue
+        for name, value in (("gpu_busy_percent", busy.get(device.name, 0)),
+                            ("mem_info_vram_used", vram.get(device.name, IDLE_VRAM))):
+            path = device / name
+            if read_text(path) != str(value):
+                temporary = device / f".{name}.new"
+                temporary.write_text(f"{value}\n")
+                temporary.replace(path)  # hy-smi never reads half a file
+
+
+def read_text(path):
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
