@@ -32,7 +32,7 @@ def _chat(model, orid, image):
     content = [{"type": "text", "text": "Describe the image in one sentence." if image else "Say OK."}]
     if image:
         content.insert(0, {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PROBE_PNG}})
-    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 64,
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16,
             "temperature": 0.2, "user": orid, "chat_template_kwargs": {"enable_thinking": False}}
 
 
