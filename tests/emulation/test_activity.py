@@ -14,7 +14,7 @@ import requests
 from support import FAST_SIM, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "images" / "node" / "files"))
-import dcuemu  # noqa: E402 - the node image's module, put on the path above
+import dcuemu  # the node image's module, put on the path above
 
 CARDS = ["0000:07:00.0", "0000:0a:00.0"]
 TOTAL = 64 * 1024**3
@@ -56,7 +56,7 @@ def test_busy_follows_the_running_sequences_and_vram_is_the_share_taken_at_start
                     "--max-num-seqs", "4", "--gpu-memory-utilization", "0.85")
     container(tmp_path / "docker", sim.proc.pid, "/dev/dri/renderD129")
     users = dcuemu.card_users(root, docker_root=tmp_path / "docker", proc=tmp_path / "no-proc")
-    assert list(users.values())[0][0] == [CARDS[1]]
+    assert users == {sim.proc.pid: ([CARDS[1]], users[sim.proc.pid][1])} and "--port" in users[sim.proc.pid][1]
 
     dcuemu.update_activity(root, users)
     assert counters(root, CARDS[1]) == (0, 0.85)  # loaded, idle: vLLM holds its share from the start
