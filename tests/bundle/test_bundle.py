@@ -172,9 +172,13 @@ def test_a_hashed_requirements_file_brings_its_wheels_and_refuses_another_sum(bu
     pinned.write_text(f"tiny==1.0 --hash=sha256:{digest}\n")
     local_manifest["wheels"]["hashed"] = [str(pinned)]
     build(local_manifest)
-    wheels = {a["file"]: a["sha256"] for a in index_of(tmp_path / "bundle") if a["kind"] == "wheel"}
+    entries = {a["file"]: a for a in index_of(tmp_path / "bundle") if a["kind"] == "wheel"}
+    wheels = {file: a["sha256"] for file, a in entries.items()}
     assert wheels[f"wheels/{name}"] == digest
     assert any(f.startswith("wheels/dcu_serving-") for f in wheels)  # the unhashed requirements still come
+    # Each wheel's Requires-Python, for dcu_proxy's choice of runtime without reading the wheel ("" when none).
+    ours = next(a for f, a in entries.items() if f.startswith("wheels/dcu_serving-"))
+    assert (ours["requires_python"], entries[f"wheels/{name}"]["requires_python"]) == (">=3.11", "")
 
     pinned.write_text(f"tiny==1.0 --hash=sha256:{'0' * 64}\n")
     with pytest.raises(BuildError) as err:

@@ -21,7 +21,9 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+import zipfile
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
 
 from dcu_serving.bundle import INDEX, KINDS, SUMS
@@ -88,6 +90,14 @@ class Outcome:
     size: int
     seconds: float
     note: str = ""
+
+
+def wheel_requires_python(data: bytes) -> str:
+    """The Requires-Python of a wheel's METADATA ("" when it states none)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as wheel:
+        names = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        metadata = HeaderParser().parsestr(wheel.read(names[0]).decode("utf-8")) if len(names) == 1 else {}
+    return (metadata.get("Requires-Python") or "").strip()
 
 
 class Builder:
@@ -301,8 +311,10 @@ class Builder:
                 source = ("built from the project source (pip wheel)" if whl.name in local_names
                           else "PyPI (pip download)")
                 written = self._put_bytes(file, data)
+                # Requires-Python in the index: dcu_proxy decides venv or container without reading the wheel.
                 art = Artifact(dist.replace("_", "-").lower(), "wheel", version, file,
-                               hashlib.sha256(data).hexdigest(), len(data), source, {"resolved_by": request})
+                               hashlib.sha256(data).hexdigest(), len(data), source,
+                               {"resolved_by": request, "requires_python": wheel_requires_python(data)})
                 self._record(art, "downloaded" if written else "kept", start)
                 arts.append(art)
             return arts
