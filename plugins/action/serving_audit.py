@@ -32,6 +32,43 @@ def _write(path, text):
     os.rename(tmp, path)
 
 
+def read_gateway(report_dir):
+    """What verify.yml's gateway play last found (gateway.json, which serving_audit writes given `gateway`), or None."""
+    try:
+        with open(os.path.join(report_dir, "gateway.json")) as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def _write_fleet(report_dir, hosts, generated):
+    """fleet.json/.md from the reports of `hosts` in report_dir and gateway.json (the caller holds the lock)."""
+    reports = []
+    for host in hosts:
+        try:
+            with open(os.path.join(report_dir, host + ".json")) as handle:
+                reports.append(json.load(handle))
+        except (IOError, OSError, ValueError):
+            pass  # not verified (yet): left out
+    fleet = audit_fleet(reports, generated=generated, gateway=read_gateway(report_dir))
+    _write(os.path.join(report_dir, "fleet.json"), json.dumps(fleet, indent=2, sort_keys=True) + "\n")
+    _write(os.path.join(report_dir, "fleet.md"), audit_markdown(fleet))
+    return [os.path.join(report_dir, "fleet.json"), os.path.join(report_dir, "fleet.md")]
+
+
+def write_gateway(report_dir, gateway):
+    """gateway.json, then fleet.json/.md with it, from the reports of the hosts the gateway reaches."""
+    os.makedirs(report_dir, exist_ok=True)
+    hosts = []
+    for deployment in gateway.get("deployments") or []:
+        if deployment.get("host") not in hosts:
+            hosts.append(deployment.get("host"))
+    with open(os.path.join(report_dir, ".fleet.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write(os.path.join(report_dir, "gateway.json"), json.dumps(gateway, indent=2, sort_keys=True) + "\n")
+        return [os.path.join(report_dir, "gateway.json"), *_write_fleet(report_dir, hosts, gateway.get("generated"))]
+
+
 def write_reports(report_dir, report, hosts):
     """<host>.json/.md, then fleet.json/.md from the reports of `hosts` found in report_dir (under a lock:
     with forks, hosts finish at once). Returns the files written."""
@@ -41,17 +78,7 @@ def write_reports(report_dir, report, hosts):
     _write(base + ".md", audit_markdown(report))
     with open(os.path.join(report_dir, ".fleet.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        reports = []
-        for host in hosts:
-            try:
-                with open(os.path.join(report_dir, host + ".json")) as handle:
-                    reports.append(json.load(handle))
-            except (IOError, OSError, ValueError):
-                pass  # not verified (yet): left out
-        fleet = audit_fleet(reports, generated=report.get("generated"))
-        _write(os.path.join(report_dir, "fleet.json"), json.dumps(fleet, indent=2, sort_keys=True) + "\n")
-        _write(os.path.join(report_dir, "fleet.md"), audit_markdown(fleet))
-    return [base + ".json", base + ".md", os.path.join(report_dir, "fleet.json"), os.path.join(report_dir, "fleet.md")]
+        return [base + ".json", base + ".md", *_write_fleet(report_dir, hosts, report.get("generated"))]
 
 
 class ActionModule(ActionBase):
@@ -68,6 +95,17 @@ class ActionModule(ActionBase):
         if unknown:
             raise AnsibleActionFail("report: unknown keys %s; it takes %s"
                                     % (", ".join(unknown), ", ".join(REPORT_INPUTS)))
+        gateway = args.pop("gateway", None)
+        if gateway is not None:
+            if not report_dir:
+                raise AnsibleActionFail("gateway: give report_dir too (where the fleet report is)")
+            try:
+                result["files"] = write_gateway(os.path.expanduser(report_dir), gateway)
+            except (IOError, OSError) as exc:
+                raise AnsibleActionFail("report_dir: cannot write the gateway's report into %s: %s"
+                                        % (report_dir, exc)) from exc
+            result.update(changed=False, gateway=gateway)
+            return result
         gathered = self._execute_module(module_name="dcu.serving.serving_audit", module_args=args,
                                         task_vars=task_vars)
         result.update(gathered)

@@ -133,15 +133,43 @@ def audit_report(gathered, host, facts=None, health=None, access=None, bundle=No
     }
 
 
-def audit_fleet(reports, generated=None):
-    """The fleet's summary from the hosts' reports."""
+def audit_fleet(reports, generated=None, gateway=None):
+    """The fleet's summary from the hosts' reports, and what verify.yml's gateway play found (`gateway`, as
+    audit_gateway makes it), when there is a gateway."""
     reports = [r for r in reports if r]
-    return {"generated": generated, "hosts": len(reports), "ok": sum(1 for r in reports if r["ok"]),
-            "summary": [{"host": r["host"], "ok": r["ok"], "healthy": r["healthy"],
-                         "driver": r["driver"]["version"], "dtk": r["dtk"]["version"],
-                         "images": dict((i["ref"], i["config_digest"]) for i in r["images"]),
-                         "model": dict((m["path"], m["content_sha256"]) for m in r["models"]),
-                         "problems": r["problems"], "drift": r["drift"]} for r in reports]}
+    fleet = {"generated": generated, "hosts": len(reports), "ok": sum(1 for r in reports if r["ok"]),
+             "summary": [{"host": r["host"], "ok": r["ok"], "healthy": r["healthy"],
+                          "driver": r["driver"]["version"], "dtk": r["dtk"]["version"],
+                          "images": dict((i["ref"], i["config_digest"]) for i in r["images"]),
+                          "model": dict((m["path"], m["content_sha256"]) for m in r["models"]),
+                          "problems": r["problems"], "drift": r["drift"]} for r in reports]}
+    if gateway:
+        fleet["gateway"] = gateway
+    return fleet
+
+
+def _model_health(health, model):
+    """'healthy/total' of a host's backends serving `model`, from its cluster_health result, or None."""
+    backends = [b for b in (health or {}).get("backends") or [] if model in (b.get("models") or [])]
+    if not backends:
+        return None
+    return "%d/%d" % (sum(1 for b in backends if b.get("healthy")), len(backends))
+
+
+def audit_gateway(probes, gateway, generated=None, health=None):
+    """What the gateway reaches: one entry per serving host and model, from verify.yml's probes of the gateway's
+    /health?model_id=<host>/<model> (`probes`: [{host, model, answered, sent, error}]) and, where the host was
+    verified in the same run, its own N/N for that model behind its dcu-proxy (`health`: {host: cluster_health})."""
+    health = health or {}
+    deployments = []
+    for p in probes:
+        entry = {"host": p["host"], "model": p["model"], "reached": "%d/%d" % (p["answered"], p["sent"]),
+                 "ok": p["sent"] > 0 and p["answered"] == p["sent"], "error": p.get("error") or None,
+                 "healthy": _model_health(health.get(p["host"]), p["model"])}
+        deployments.append(entry)
+    failed = ["%s %s (%s)" % (d["host"], d["model"], d["error"] or "unreachable") for d in deployments if not d["ok"]]
+    return {"gateway": gateway, "generated": generated, "ok": not failed and bool(deployments),
+            "deployments": deployments, "problems": ["the gateway does not reach " + f for f in failed]}
 
 
 def _cell(value):
@@ -156,6 +184,14 @@ def _table(head, rows, title=None):
     return lines + ([""] if title else [])
 
 
+def audit_gateway_lines(gateway):
+    """One line per host and model, as verify.yml prints them."""
+    return ["%s -> %s %s: %s through the gateway%s%s" % (
+        gateway["gateway"], d["host"], d["model"], d["reached"],
+        ", %s healthy behind its proxy" % d["healthy"] if d["healthy"] else "",
+        "" if d["ok"] else " - NOT REACHED: %s" % (d["error"] or "no answer")) for d in gateway["deployments"]]
+
+
 def audit_markdown(report):
     """A host's report, or the fleet's summary, as Markdown."""
     if "summary" in report:
@@ -164,6 +200,15 @@ def audit_markdown(report):
         out += _table(["host", "ok", "healthy", "driver", "DTK", "problems and drift"], [
             (s["host"], "yes" if s["ok"] else "**no**", s["healthy"], s["driver"], s["dtk"],
              "; ".join(s["problems"] + s["drift"])) for s in report["summary"]])
+        gateway = report.get("gateway")
+        if gateway:
+            out += ["", "## Through the gateway", "",
+                    "%s: %s of %s host and model pairs reached (%s)." % (
+                        _cell(gateway["gateway"]), sum(1 for d in gateway["deployments"] if d["ok"]),
+                        len(gateway["deployments"]), _cell(gateway["generated"])), ""]
+            out += _table(["host", "model", "through the gateway", "healthy behind its proxy", "problem"], [
+                (d["host"], d["model"], d["reached"] if d["ok"] else "**%s**" % d["reached"], d["healthy"],
+                 d["error"]) for d in gateway["deployments"]])
         return "\n".join(out) + "\n"
     r = report
     out = ["# Audit of %s" % r["host"], "",
@@ -198,4 +243,5 @@ def audit_markdown(report):
 
 class FilterModule(object):
     def filters(self):
-        return {"audit_report": audit_report, "audit_fleet": audit_fleet, "audit_markdown": audit_markdown}
+        return {"audit_report": audit_report, "audit_fleet": audit_fleet, "audit_gateway": audit_gateway,
+                "audit_gateway_lines": audit_gateway_lines, "audit_markdown": audit_markdown}

@@ -95,6 +95,13 @@ options:
         C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid) and C(generated).
       - Drift is what differs from C(expected) and C(bundle).
     type: dict
+  gateway:
+    description:
+      - What verify.yml's gateway play found (the result of the filter dcu.serving.audit_gateway). With O(report_dir),
+        the action plugin writes it as C(gateway.json) there and rewrites C(fleet.json) and C(fleet.md) with it, from
+        the reports there of the hosts it names; the host itself is not read.
+      - The fleet report keeps it until the gateway play runs again.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -273,6 +280,7 @@ def main():
             proxy_config=dict(type="path", default="/etc/dcu-serving/proxy.yml"),
             report_dir=dict(type="path"),  # the action plugin's, on the controller
             report=dict(type="dict"),
+            gateway=dict(type="dict"),  # the action plugin's, on the controller
         ),
         supports_check_mode=True,
     )

@@ -153,3 +153,66 @@ def test_callers_reach_the_cards_by_key_with_their_alias_and_limits_and_nothing_
     assert any(f"htons({proxy.port})" in a for a in addresses), addresses  # the trace sees its real traffic
     outside = [a for a in addresses if '"127.0.0.1"' not in a and '"::1"' not in a]
     assert outside == [], outside
+
+
+@pytest.fixture
+def two_hosts(tmp_path, start_sim, start_proxy):
+    """LiteLLM in front of two hosts (a dcu-proxy and a simulated card each), with a drained-hosts file."""
+    if not Path(LITELLM).exists():
+        pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
+    port = free_port()
+    trust = {"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"]}
+    hosts = {name: start_proxy([start_sim(*FAST_SIM, "--sim-itl-ms", "10").url], healthy=1, gateway=trust)
+             for name in ("host1", "host2")}
+    config = gateway_config([{"name": n, "url": p.url, "models": [SERVED_MODEL]} for n, p in hosts.items()])
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"callers": [
+        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()}]}))
+    drained = tmp_path / "drained.json"
+    gateway = Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
+                       "--num_workers", "1"], port, log=tmp_path / "gateway.log",
+                      env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
+                           "DCU_GATEWAY_DRAINED": str(drained), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                           "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
+    try:
+        gateway.start()
+        yield gateway, hosts, drained
+    finally:
+        gateway.stop()
+
+
+def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
+    from dcu_serving.gateway.drained import update
+
+    gateway, hosts, drained = two_hosts
+    app = client(gateway, KEYS["billing"])
+
+    def chats(n):  # 4 at a time: least-busy spreads requests in flight together over the hosts
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(lambda _: app.chat.completions.create(
+                model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4).choices, range(n)))
+    chats(8)
+    assert all(hosts[n].results(1) for n in hosts)
+
+    update(str(drained), "host1", True)
+    before = len(hosts["host1"].results())
+    chats(12)
+    hosts["host2"].results(12, timeout=10)
+    assert len(hosts["host1"].results()) == before, "a drained host got requests"
+
+    # LiteLLM's health of each deployment, asked with a caller key: one small completion straight to the host,
+    # drained or not (verify.yml's gateway play).
+    import urllib.request
+    for name in hosts:
+        request = urllib.request.Request(f"{gateway.url}/health?model_id={name}/{SERVED_MODEL}",
+                                         headers={"Authorization": f"Bearer {KEYS['billing']}"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            health = json.loads(answer.read())
+        assert health["healthy_count"] == 1, health
+        assert [e.get("model_id") for e in health["healthy_endpoints"]] == [f"{name}/{SERVED_MODEL}"]
+
+    update(str(drained), "host1", False)
+    before = len(hosts["host1"].results())
+    chats(8)
+    assert len(hosts["host1"].results()) > before  # back in the rotation

@@ -11,7 +11,14 @@ import sys
 
 import pytest
 
-from ansible_collections.dcu.serving.plugins.filter.audit import audit_fleet, audit_markdown, audit_report
+from ansible_collections.dcu.serving.plugins.action.serving_audit import write_gateway, write_reports
+from ansible_collections.dcu.serving.plugins.filter.audit import (
+    audit_fleet,
+    audit_gateway,
+    audit_gateway_lines,
+    audit_markdown,
+    audit_report,
+)
 
 DRIVER_SUM, DTK_SUM, IMAGE_SUM = "71" * 32, "68" * 32, "25" * 32
 VLLM = "dcu-serving/vllm-sim:0.11.0"
@@ -199,3 +206,44 @@ def test_a_host_whose_device_check_failed_is_reported_not_checked(module_runner,
     assert r["problems"] == ["device access of dcu-serving: dcu-serving cannot open /dev/kfd: permission denied"]
     assert r["device_access"] == [{"user": "dcu-serving", "ok": False, "problems": [
         "dcu-serving cannot open /dev/kfd: permission denied"]}]
+
+
+def health(*models_healthy):
+    """A cluster_health result whose backends serve these (model, healthy) pairs."""
+    return {"backends": [{"url": f"http://127.0.0.1:{8002 + i}", "models": [m], "healthy": ok}
+                         for i, (m, ok) in enumerate(models_healthy)]}
+
+
+def test_the_gateway_part_is_n_of_n_per_host_and_model_and_names_what_it_cannot_reach():
+    probes = [{"host": "node-a", "model": "chat", "sent": 2, "answered": 2, "error": None},
+              {"host": "node-b", "model": "chat", "sent": 2, "answered": 0, "error": "Connection refused"},
+              {"host": "node-b", "model": "embed", "sent": 2, "answered": 1, "error": "503"}]
+    gw = audit_gateway(probes, "gateway", generated="2026-12-02T00:00:00Z",
+                       health={"node-a": health(("chat", True), ("chat", True), ("embed", False)), "node-b": {}})
+    assert not gw["ok"]
+    assert [(d["host"], d["model"], d["reached"], d["ok"], d["healthy"]) for d in gw["deployments"]] == [
+        ("node-a", "chat", "2/2", True, "2/2"), ("node-b", "chat", "0/2", False, None),
+        ("node-b", "embed", "1/2", False, None)]
+    assert gw["problems"] == ["the gateway does not reach node-b chat (Connection refused)",
+                              "the gateway does not reach node-b embed (503)"]
+    lines = audit_gateway_lines(gw)
+    assert lines[0] == "gateway -> node-a chat: 2/2 through the gateway, 2/2 healthy behind its proxy"
+    assert lines[1] == "gateway -> node-b chat: 0/2 through the gateway - NOT REACHED: Connection refused"
+    assert audit_gateway([], "gateway")["ok"] is False  # nothing verified is not a pass
+
+
+def test_the_fleet_report_carries_the_gateway_part_whichever_play_writes_it_last(module_runner, host, tmp_path):
+    good = report(module_runner, host)
+    probes = [{"host": good["host"], "model": "MiniCPM-V-4.5", "sent": 1, "answered": 1, "error": None}]
+    gw = audit_gateway(probes, "gw1", generated="2026-12-02T00:00:00Z")
+    assert gw["ok"]
+    reports = tmp_path / "reports"
+    write_reports(str(reports), good, [good["host"]])
+    assert "gateway" not in json.loads((reports / "fleet.json").read_text())
+    write_gateway(str(reports), gw)
+    fleet = json.loads((reports / "fleet.json").read_text())
+    assert fleet["hosts"] == 1 and fleet["gateway"]["deployments"][0]["reached"] == "1/1"
+    md = (reports / "fleet.md").read_text()
+    assert "## Through the gateway" in md and f"| {good['host']} | MiniCPM-V-4.5 | 1/1 |" in md
+    write_reports(str(reports), good, [good["host"]])  # a host verified again keeps the gateway's part
+    assert json.loads((reports / "fleet.json").read_text())["gateway"] == gw

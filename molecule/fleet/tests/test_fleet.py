@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import openai
 import pytest
@@ -74,6 +76,26 @@ def attempt(c: openai.OpenAI):
         return type(e).__name__
 
 
+DRAINED = "/var/lib/dcu-gateway/drained.json"  # dcu_serving.gateway.drained's default
+
+
+def drained_now() -> tuple[float, dict]:
+    """(the time just before the gateway's drained-hosts file was read, {host: {since, reason}})."""
+    started = time.time()
+    text = on("gateway", "sh", "-c", f"cat {DRAINED} 2>/dev/null || true")
+    return started, (json.loads(text)["hosts"] if text.strip() else {})
+
+
+def started_at(record: dict) -> float:
+    """When a results line's request reached the host (its `time` is when it ended)."""
+    return datetime.fromisoformat(record["time"]).timestamp() - record["latency_ms"] / 1000
+
+
+def normalized(text: str) -> str:
+    """Playbook output with its line wrapping undone."""
+    return " ".join(text.split())
+
+
 def app_lines(name: str) -> list[dict]:
     return [r for r in results(name) if r.get("caller") == APP]
 
@@ -116,7 +138,7 @@ def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway():
         assert gateway in refused.value.read().decode()
 
 
-def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first_allowed_fails_plus_one():
+def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first_allowed_fails_plus_one(run_playbook, tmp_path):
     """The bound: LiteLLM sees a refused connection as a 500, which is not retried (a 500 may follow generated
     tokens); each counts against the host, and the failure past dcu_gateway_allowed_fails (3) leaves the host out
     for the cooldown (30 s). So at most 4 requests fail, whatever the host answered before, and none after."""
@@ -131,27 +153,65 @@ def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first_allowed_fai
         wait_until(lambda: len(app_lines("node-b")) - before == outcomes.count(200), 15, interval=0.5,
                    what="node-b's results lines for every answered request")
         print(f"one host's proxy stopped: {len(failed)} of {len(outcomes)} requests failed ({failed})")
+
+        # verify.yml's gateway play names the host and model the gateway cannot reach, and only those.
+        rc, out = run_playbook("verify.yml", "--limit", "gateway",
+                               extra_vars={"dcu_verify_report_dir": str(tmp_path), "dcu_gateway_verify_timeout": 5})
+        assert rc != 0, out[-3000:]
+        out = normalized(out)
+        assert f"the gateway does not reach node-a {MODEL}" in out, out[-3000:]
+        assert "does not reach node-b" not in out
+        assert f"gateway -> node-b {MODEL}: 1/1 through the gateway" in out
+        assert KEYS[APP] not in out
+        gateway = json.loads((tmp_path / "fleet.json").read_text())["gateway"]
+        assert [(d["host"], d["ok"]) for d in gateway["deployments"]] == [("node-a", False), ("node-b", True)]
+        print("verify.yml with node-a's proxy stopped: " + out[out.index("the gateway does not reach"):][:300])
     finally:
         on("node-a", "systemctl", "start", "dcu-proxy")
     wait_until(lambda: on("node-a", "systemctl", "is-active", "dcu-proxy", check=False).strip() == "active", 30,
                interval=0.5, what="node-a's dcu-proxy active again")
 
 
-def test_a_rolling_restart_across_both_hosts_under_light_load_fails_no_request(run_playbook):
+def test_a_rolling_restart_across_both_hosts_under_light_load_fails_no_request_and_skips_the_drained_host(
+        run_playbook):
+    """Each host leaves the gateway's rotation before its restart and rejoins once it serves N/N. Two callers send
+    requests through the gateway all along, each answer naming the host's request id (LiteLLM passes dcu-proxy's
+    X-Request-Id on as llm_provider-x-request-id; it drops the `user` orid); the gateway's drained-hosts file is
+    watched. A request sent after a host was drained (the file's `since`) and answered before it was seen undrained
+    was routed while the host was out: its results line must be on the other host. And no results line on the
+    drained host starts in that time (0.5 s allowed for a request routed just before the drain to arrive)."""
     started = {n: on(n, "systemctl", "show", "-p", "ExecMainStartTimestampMonotonic", "vllm@0") for n in NODES}
-    outcomes: list = []
+    sent: list = []  # (orid, sent at, answered at, outcome)
+    seen: list = []  # (read at, {host: {since, reason}})
     stop = threading.Event()
 
     def caller():
         app = client(KEYS[APP])
         while not stop.is_set():
-            outcomes.append(attempt(app))
+            t0, rid = time.time(), None
+            try:
+                raw = app.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=16)
+                raw.parse()
+                rid, outcome = raw.headers.get("llm_provider-x-request-id"), 200
+            except openai.APIStatusError as e:
+                outcome = e.status_code
+            except openai.APIError as e:
+                outcome = type(e).__name__
+            sent.append((rid, t0, time.time(), outcome))
 
-    threads = [threading.Thread(target=caller) for _ in range(2)]
+    def watcher():
+        while not stop.is_set():
+            seen.append(drained_now())
+            stop.wait(0.2)
+
+    threads = [threading.Thread(target=caller) for _ in range(2)] + [threading.Thread(target=watcher)]
     for t in threads:
         t.start()
     try:
+        began = time.monotonic()
         rc, out = run_playbook("rolling_restart.yml", extra_vars={"dcu_vllm_restart_cards": [0, 1]})
+        took = time.monotonic() - began
     finally:
         stop.set()
         for t in threads:
@@ -159,8 +219,77 @@ def test_a_rolling_restart_across_both_hosts_under_light_load_fails_no_request(r
     assert rc == 0, out[-3000:]
     for n in NODES:  # both hosts' cards were restarted, one host at a time (dcu_serial)
         assert on(n, "systemctl", "show", "-p", "ExecMainStartTimestampMonotonic", "vllm@0") != started[n]
-    failures = [o for o in outcomes if o != 200]
-    assert len(outcomes) > 20 and not failures, f"{len(failures)} of {len(outcomes)} failed: {failures[:5]}"
+    failures = [o for o in sent if o[3] != 200]
+    assert len(sent) > 20 and not failures, f"{len(failures)} of {len(sent)} failed: {failures[:5]}"
+    assert drained_now()[1] == {}, "a host was left drained"
+
+    assert all(o[0] for o in sent), "an answer without the host's request id"
+    lines = {n: results(n) for n in NODES}
+    by_rid = {n: {r["request_id"] for r in lines[n]} for n in NODES}
+    for n in NODES:
+        other = next(o for o in NODES if o != n)
+        drains = [hosts[n]["since"] for _, hosts in seen if n in hosts]
+        assert drains, f"{n} was never seen drained on the gateway during the rolling restart"
+        since = min(drains)
+        # The last read that still found it drained: it was undrained after that read began.
+        out_until = max(read_at for read_at, hosts in seen if n in hosts)
+        assert not any(n in hosts for read_at, hosts in seen if read_at > out_until)
+        inside = [o for o in sent if o[1] > since and o[2] < out_until]
+        assert inside, f"no request was sent and answered while {n} was drained ({out_until - since:.1f} s)"
+        on_drained = [o[0] for o in inside if o[0] in by_rid[n]]
+        assert not on_drained, f"{n} answered {len(on_drained)} requests sent while it was drained: {on_drained[:5]}"
+        missing = [o[0] for o in inside if o[0] not in by_rid[other]]
+        assert not missing, f"requests sent while {n} was drained are in no results log: {missing[:5]}"
+        started_inside = [r for r in lines[n] if r.get("caller") == APP
+                          and since + 0.5 < started_at(r) < out_until]
+        assert not started_inside, f"{n} took requests while drained: {started_inside[:3]}"
+        print(f"{n}: out of the gateway's rotation for at least {out_until - since:.1f} s; {len(inside)} requests "
+              f"sent and answered meanwhile, all by {other}")
+    print(f"rolling restart under load: {len(sent)} requests, {len(failures)} failed, playbook {took:.0f} s")
+
+
+def test_verify_reports_each_host_and_model_through_the_gateway(run_playbook, tmp_path):
+    rc, out = run_playbook("verify.yml", extra_vars={"dcu_verify_report_dir": str(tmp_path)})
+    assert rc == 0, out[-3000:]
+    out = normalized(out)
+    for n in NODES:
+        assert f"gateway -> {n} {MODEL}: 1/1 through the gateway, 4/4 healthy behind its proxy" in out, out[-3000:]
+    fleet = json.loads((tmp_path / "fleet.json").read_text())
+    assert fleet["hosts"] == 2 and fleet["gateway"]["ok"]
+    assert sorted((d["host"], d["model"], d["reached"], d["healthy"]) for d in fleet["gateway"]["deployments"]) == [
+        (n, MODEL, "1/1", "4/4") for n in NODES]
+    md = (tmp_path / "fleet.md").read_text()
+    assert all(f"| {n} | {MODEL} | 1/1 | 4/4 |" in md for n in NODES), md
+    assert KEYS[APP] not in out  # the probes' caller key is never shown
+
+
+def test_a_failed_change_leaves_the_host_drained_only_if_it_is_broken(run_playbook):
+    absent = {"dcu_vllm_model_dir": "/srv/models/absent", "dcu_gateway_drain_failed_timeout": 5}
+    # The change fails before touching anything: the host still serves, so it is back in the rotation.
+    rc, out = run_playbook("serving.yml", "--limit", "node-a", extra_vars=absent)
+    assert rc != 0
+    out = normalized(out)
+    assert "/srv/models/absent does not exist" in out, out[-3000:]
+    assert "node-a serves 4/4 and is back in the rotation of the gateway" in out, out[-3000:]
+    assert drained_now()[1] == {}
+
+    # The same failure on a host whose proxy is down: broken, so it stays out of the rotation, and the message
+    # says so and how to put it back.
+    on("node-a", "systemctl", "stop", "dcu-proxy")
+    try:
+        rc, out = run_playbook("serving.yml", "--limit", "node-a", extra_vars=absent)
+        assert rc != 0
+        out = normalized(out)
+        assert "/srv/models/absent does not exist" in out, out[-3000:]
+        assert "node-a is broken (" in out and "stays out of the rotation of the gateway" in out, out[-3000:]
+        assert "dcu_serving.gateway.drained undrain node-a" in out
+        assert list(drained_now()[1]) == ["node-a"]
+        print("a broken host's failure: " + out[out.index("-- node-a is broken"):][:400])
+    finally:
+        on("node-a", "systemctl", "start", "dcu-proxy")
+        on("gateway", "/opt/dcu-gateway/venv/bin/python", "-m", "dcu_serving.gateway.drained", "undrain", "node-a")
+    wait_until(lambda: on("node-a", "systemctl", "is-active", "dcu-proxy", check=False).strip() == "active", 30,
+               interval=0.5, what="node-a's dcu-proxy active again")
 
 
 def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without_restart(run_playbook, recap):

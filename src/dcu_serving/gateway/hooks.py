@@ -1,17 +1,29 @@
-"""The caller's alias on every request to a host: the `X-Caller` header dcu-proxy writes into its results log.
+"""The gateway's hooks, loaded by LiteLLM from `litellm_settings.callbacks: [dcu_serving.gateway.hooks.caller_header]`.
 
-Loaded by LiteLLM from `litellm_settings.callbacks: [dcu_serving.gateway.hooks.caller_header]`. Whatever the
-caller put under that name itself (a body's `extra_headers`) is replaced: only the gateway names callers.
+- The caller's alias on every request to a host: the `X-Caller` header dcu-proxy writes into its results log.
+  Whatever the caller put under that name itself (a body's `extra_headers`) is replaced: only the gateway names
+  callers.
+- Drained hosts are left out of routing (drained.py): a play changing a host takes it out of rotation first.
 """
 
 from __future__ import annotations
 
 from litellm.integrations.custom_logger import CustomLogger
 
+from .drained import Drained, without
+
 HEADER = "X-Caller"
 
 
 class CallerHeader(CustomLogger):
+    def __init__(self, drained: Drained | None = None):
+        super().__init__()
+        self.drained = drained or Drained()
+
+    async def async_filter_deployments(self, model, healthy_deployments, messages, request_kwargs=None,
+                                       parent_otel_span=None):
+        return without(healthy_deployments, self.drained.hosts())
+
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type):
         headers = {k: v for k, v in (data.get("extra_headers") or {}).items() if k.lower() != HEADER.lower()}
         alias = user_api_key_dict.key_alias
