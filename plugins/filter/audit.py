@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import time
+
 
 def _artifact(bundle, kind, sha256=None, ref=None):
     """The bundle's artifact of `kind` with that sum or image ref, or None."""
@@ -156,20 +158,39 @@ def _model_health(health, model):
     return "%d/%d" % (sum(1 for b in backends if b.get("healthy")), len(backends))
 
 
-def audit_gateway(probes, gateway, generated=None, health=None):
+def audit_gateway(probes, gateway, generated=None, health=None, drained=None):
     """What the gateway reaches: one entry per serving host and model, from verify.yml's probes of the gateway's
     /health?model_id=<host>/<model> (`probes`: [{host, model, answered, sent, error}]) and, where the host was
-    verified in the same run, its own N/N for that model behind its dcu-proxy (`health`: {host: cluster_health})."""
-    health = health or {}
+    verified in the same run, its own N/N for that model behind its dcu-proxy (`health`: {host: cluster_health}).
+    `drained`: the gateway's drained-hosts file ({host: {since, reason}}). /health goes past routing, so a host a
+    failed play left drained answers there while callers never reach it: that is a problem of its own."""
+    health, drained = health or {}, drained or {}
     deployments = []
     for p in probes:
+        left_out = drained.get(p["host"])
         entry = {"host": p["host"], "model": p["model"], "reached": "%d/%d" % (p["answered"], p["sent"]),
-                 "ok": p["sent"] > 0 and p["answered"] == p["sent"], "error": p.get("error") or None,
-                 "healthy": _model_health(health.get(p["host"]), p["model"])}
+                 "ok": p["sent"] > 0 and p["answered"] == p["sent"] and left_out is None,
+                 "error": p.get("error") or None, "healthy": _model_health(health.get(p["host"]), p["model"]),
+                 "drained": _drained_note(left_out)}
         deployments.append(entry)
-    failed = ["%s %s (%s)" % (d["host"], d["model"], d["error"] or "unreachable") for d in deployments if not d["ok"]]
-    return {"gateway": gateway, "generated": generated, "ok": not failed and bool(deployments),
-            "deployments": deployments, "problems": ["the gateway does not reach " + f for f in failed]}
+    failed = ["%s %s (%s)" % (d["host"], d["model"], d["error"] or "unreachable") for d in deployments
+              if not d["ok"] and not d["drained"]]
+    problems = ["the gateway does not reach " + f for f in failed]
+    problems += ["the gateway leaves %s out of its rotation (drained %s): a play that failed left it so; once it "
+                 "serves, run serving.yml for it, or undrain it on the gateway (python -m dcu_serving.gateway.drained "
+                 "undrain %s)" % (h, _drained_note(drained[h]), h)
+                 for h in sorted(set(d["host"] for d in deployments if d["drained"]))]
+    return {"gateway": gateway, "generated": generated, "ok": not problems and bool(deployments),
+            "deployments": deployments, "problems": problems}
+
+
+def _drained_note(entry):
+    """"by serving.yml since 2026-12-02T06:01:02Z" for a drained-hosts entry, None for a host not drained."""
+    if entry is None:
+        return None
+    since = entry.get("since")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)) if isinstance(since, (int, float)) else "?"
+    return "by %s since %s" % (entry.get("reason") or "a play", when)
 
 
 def _cell(value):
@@ -189,6 +210,7 @@ def audit_gateway_lines(gateway):
     return ["%s -> %s %s: %s through the gateway%s%s" % (
         gateway["gateway"], d["host"], d["model"], d["reached"],
         ", %s healthy behind its proxy" % d["healthy"] if d["healthy"] else "",
+        " - DRAINED %s: no caller reaches it" % d["drained"] if d.get("drained") else
         "" if d["ok"] else " - NOT REACHED: %s" % (d["error"] or "no answer")) for d in gateway["deployments"]]
 
 
@@ -208,7 +230,7 @@ def audit_markdown(report):
                         len(gateway["deployments"]), _cell(gateway["generated"])), ""]
             out += _table(["host", "model", "through the gateway", "healthy behind its proxy", "problem"], [
                 (d["host"], d["model"], d["reached"] if d["ok"] else "**%s**" % d["reached"], d["healthy"],
-                 d["error"]) for d in gateway["deployments"]])
+                 "drained %s" % d["drained"] if d.get("drained") else d["error"]) for d in gateway["deployments"]])
         return "\n".join(out) + "\n"
     r = report
     out = ["# Audit of %s" % r["host"], "",

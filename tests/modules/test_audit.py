@@ -232,6 +232,23 @@ def test_the_gateway_part_is_n_of_n_per_host_and_model_and_names_what_it_cannot_
     assert audit_gateway([], "gateway")["ok"] is False  # nothing verified is not a pass
 
 
+def test_a_host_left_drained_on_the_gateway_fails_although_its_health_answers():
+    """/health?model_id= goes past routing: a drained host answers there while no caller reaches it."""
+    probes = [{"host": "node-a", "model": "chat", "sent": 1, "answered": 1, "error": None},
+              {"host": "node-b", "model": "chat", "sent": 1, "answered": 1, "error": None}]
+    gw = audit_gateway(probes, "gw1", drained={"node-b": {"since": 1764655262.5, "reason": "rolling_restart.yml"}})
+    assert not gw["ok"]
+    assert [(d["host"], d["ok"], d["drained"]) for d in gw["deployments"]] == [
+        ("node-a", True, None), ("node-b", False, "by rolling_restart.yml since 2025-12-02T06:01:02Z")]
+    assert gw["problems"] == [
+        "the gateway leaves node-b out of its rotation (drained by rolling_restart.yml since 2025-12-02T06:01:02Z): a "
+        "play that failed left it so; once it serves, run serving.yml for it, or undrain it on the gateway "
+        "(python -m dcu_serving.gateway.drained undrain node-b)"]
+    assert audit_gateway_lines(gw)[1] == ("gw1 -> node-b chat: 1/1 through the gateway - DRAINED by "
+                                          "rolling_restart.yml since 2025-12-02T06:01:02Z: no caller reaches it")
+    assert audit_gateway(probes, "gw1", drained={})["ok"]
+
+
 def test_the_fleet_report_carries_the_gateway_part_whichever_play_writes_it_last(module_runner, host, tmp_path):
     good = report(module_runner, host)
     probes = [{"host": good["host"], "model": "MiniCPM-V-4.5", "sent": 1, "answered": 1, "error": None}]
