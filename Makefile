@@ -48,8 +48,9 @@ $(GATEWAY)/.stamp: requirements/gateway.txt pyproject.toml
 	$(GATEWAY)/bin/pip install -q --no-deps -e .
 	touch $@
 
-gateway: venv $(GATEWAY)/.stamp  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy (the role: molecule fleet)
-	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm $(BIN)/pytest -q -m gateway tests/gateway
+gateway: venv $(GATEWAY)/.stamp loadgen  ## LiteLLM's proxy (build/gateway-venv) in front of dcu-proxy, and dcu-benchmark through it
+	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf \
+	  $(BIN)/pytest -q -m gateway tests/gateway
 
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
 	DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf $(BIN)/pytest -q -m loadgen

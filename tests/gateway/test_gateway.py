@@ -216,3 +216,33 @@ def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
     before = len(hosts["host1"].results())
     chats(8)
     assert len(hosts["host1"].results()) > before  # back in the rotation
+
+
+def test_the_benchmark_measures_through_the_gateway_as_a_caller(fleet, tmp_path):
+    """playbooks/benchmark.yml's path where there is a gateway: dcu-benchmark (real aiperf, `make loadgen`) against
+    the gateway with a caller's key handed over in the environment. Every request is answered and logged by the
+    host under the caller's alias; the key is in nothing the benchmark wrote."""
+    aiperf = os.environ.get("DCU_AIPERF")
+    if not aiperf:
+        pytest.fail("DCU_AIPERF is not set: `make loadgen` builds build/loadgen-venv (aiperf and dcu-serving) and "
+                    "DCU_AIPERF=build/loadgen-venv/bin/aiperf points the tests at it")
+    gateway, proxy, _ = fleet
+    out = tmp_path / "bench"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv's own dcu-serving
+    # Any attempt to reach the internet (the hub, tiktoken's download) goes to a closed local port and fails.
+    env |= {"BENCH_CALLER_KEY": KEYS["billing"], "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    done = subprocess.run(
+        [str(Path(aiperf).with_name("dcu-benchmark")), "--url", gateway.url, "--model", SERVED_MODEL,
+         "--api-key", "BENCH_CALLER_KEY", "--out", str(out), "--concurrency", "1,2", "--requests-per-level", "4",
+         "--image-width", "256", "--image-height", "192", "--output-tokens", "8", "--stream"],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [(lv["concurrency"], lv["requests"], lv["errors"]) for lv in results["levels"]] == [(1, 4, 0), (2, 4, 0)]
+    assert results["settings"]["url"] == gateway.url
+    answered = [r for r in proxy.results() if r["api"] == "chat" and r["status"] == 200]
+    assert len(answered) >= 8 and {r["caller"] for r in answered} == {"billing"}, answered
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if KEYS["billing"].encode() in p.read_bytes()]
+    assert KEYS["billing"] not in done.stdout + done.stderr
