@@ -70,3 +70,9 @@ def send_request(url, kind, model, orid, timeout):
                                          data=body, content_type=content_type)
     return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout,
                            payload=_chat(model, orid, image=kind != "chat"))
+
+
+def server_error(res):
+    """What a non-200 answer says went wrong: its OpenAI-style error message, else the start of its body."""
+    err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
+    return err.get("message") if isinstance(err, dict) else res.raw[:300]

@@ -199,7 +199,11 @@ from urllib.parse import urlsplit
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
-from ansible_collections.dcu.serving.plugins.module_utils.service_request import answer_problem, send_request
+from ansible_collections.dcu.serving.plugins.module_utils.service_request import (
+    answer_problem,
+    send_request,
+    server_error,
+)
 
 
 def host_port(url):
@@ -272,9 +276,7 @@ def functional_requests(module, url, services, orid, timeout, backends):
         if res.status is None:
             problem = "the request through the proxy failed: %s" % res.error
         elif res.status != 200:
-            err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
-            message = err.get("message") if isinstance(err, dict) else res.raw[:300]
-            problem = "the request through the proxy answered %s: %s" % (res.status, message)
+            problem = "the request through the proxy answered %s: %s" % (res.status, server_error(res))
         else:
             if api == "chat":
                 choice = ((res.body or {}).get("choices") or [{}])[0]

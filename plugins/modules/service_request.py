@@ -83,7 +83,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dcu.serving.plugins.module_utils.service_request import answer_problem, send_request
+from ansible_collections.dcu.serving.plugins.module_utils.service_request import (
+    answer_problem,
+    send_request,
+    server_error,
+)
 
 
 def main():
@@ -101,8 +105,7 @@ def main():
     if res.status is None:
         problem = "no answer (%s)" % res.error
     elif res.status != 200:
-        err = (res.body or {}).get("error") if isinstance(res.body, dict) else None
-        problem = "answered %s (%s)" % (res.status, err.get("message") if isinstance(err, dict) else res.raw[:300])
+        problem = "answered %s (%s)" % (res.status, server_error(res))
     else:
         problem = answer_problem(api, res.body)
     if problem:
