@@ -7,15 +7,19 @@ The nodes are reached with `docker exec` for what only an operator on the host s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 
 import openai
 import pytest
@@ -290,6 +294,87 @@ def test_a_failed_change_leaves_the_host_drained_only_if_it_is_broken(run_playbo
         on("gateway", "/opt/dcu-gateway/venv/bin/python", "-m", "dcu_serving.gateway.drained", "undrain", "node-a")
     wait_until(lambda: on("node-a", "systemctl", "is-active", "dcu-proxy", check=False).strip() == "active", 30,
                interval=0.5, what="node-a's dcu-proxy active again")
+
+
+GATEWAY_VENV = "/opt/dcu-gateway/venv"  # dcu_gateway_venv's default
+
+
+def newer_bundle(tmp_path, name: str, damage_litellm: bool = False) -> str:
+    """index.json and wheels/ of the scenario's bundle with a rebuilt dcu-serving wheel (one more file, its new sum
+    in index.json): a new venv for the gateway. damage_litellm: LiteLLM's wheel no longer matches its hash."""
+    root = tmp_path / name
+    shutil.copytree(f"{PROJECT}/build/bundle/wheels", root / "wheels")
+    index = json.loads(Path(f"{PROJECT}/build/bundle/index.json").read_text())
+    wheels = {a["name"]: a for a in index["artifacts"] if a["kind"] == "wheel"}
+    with zipfile.ZipFile(root / wheels["dcu-serving"]["file"], "a") as z:
+        z.writestr("dcu_serving/_rebuilt.txt", "rebuilt\n")
+    data = (root / wheels["dcu-serving"]["file"]).read_bytes()
+    wheels["dcu-serving"].update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    if damage_litellm:
+        with open(root / wheels["litellm"]["file"], "ab") as f:
+            f.write(b"not the wheel that was pinned")
+    (root / "index.json").write_text(json.dumps(index))
+    return str(root)
+
+
+def gateway_unit(*props: str) -> dict:
+    shown = on("gateway", "systemctl", "show", "dcu-gateway", *(f"--property={p}" for p in props))
+    return dict(line.split("=", 1) for line in shown.splitlines())
+
+
+def test_a_new_bundle_is_built_beside_the_running_gateway_and_a_broken_one_changes_nothing(run_playbook, tmp_path):
+    old, pid = on("gateway", "readlink", GATEWAY_VENV).strip(), gateway_unit("MainPID")["MainPID"]
+    built = on("gateway", "stat", "--format=%Y", f"/opt/dcu-gateway/{old}/.dcu-gateway-digest")
+
+    # A wheel that does not match its pin: pip refuses it, the link and the running gateway are left alone.
+    rc, out = run_playbook("gateway.yml", extra_vars={"dcu_gateway_bundle_dir": newer_bundle(tmp_path, "broken", True)})
+    assert rc != 0 and "DO NOT MATCH THE HASHES" in out, out[-3000:]
+    assert on("gateway", "readlink", GATEWAY_VENV).strip() == old
+    assert gateway_unit("MainPID")["MainPID"] == pid
+    assert chat(client(KEYS[APP]))
+
+    # A good one: built while the old gateway answers, switched to, then one restart. Callers fail at most while
+    # it restarts (no client retry here), never during the build.
+    sent: list[tuple[float, object]] = []
+    stop = threading.Event()
+
+    def steady():
+        c = client(KEYS[APP])
+        while not stop.is_set():
+            sent.append((time.monotonic(), attempt(c)))
+            stop.wait(0.5)
+
+    caller = threading.Thread(target=steady)
+    caller.start()
+    try:
+        rc, out = run_playbook("gateway.yml", extra_vars={"dcu_gateway_bundle_dir": newer_bundle(tmp_path, "good")})
+    finally:
+        stop.set()
+        caller.join()
+    assert rc == 0, out[-3000:]
+    new = on("gateway", "readlink", GATEWAY_VENV).strip()
+    assert new != old and on("gateway", "readlink", f"{GATEWAY_VENV}.previous").strip() == old
+    on("gateway", "test", "-f", f"{GATEWAY_VENV}/lib/python3.11/site-packages/dcu_serving/_rebuilt.txt")
+    left = on("gateway", "sh", "-c", f"ls -d {GATEWAY_VENV}-*").split()
+    assert sorted(left) == sorted(f"/opt/dcu-gateway/{v}" for v in (old, new)), left  # the broken build is gone
+    unit = gateway_unit("MainPID", "ActiveExitTimestampMonotonic")
+    assert unit["MainPID"] != pid
+    stopped = int(unit["ActiveExitTimestampMonotonic"]) / 1e6  # the restart's stop: same clock as time.monotonic()
+    failed = [(t, r) for t, r in sent if r != 200]
+    answered_before = [t for t, r in sent if r == 200 and t < stopped]
+    print(f"gateway venv switch: {len(sent)} requests, {len(answered_before)} answered by the old gateway during "
+          f"the play, {len(failed)} failed around the restart")
+    assert len(answered_before) >= 10, sent  # the build took tens of seconds, the old gateway answered throughout
+    assert all(t > stopped - 1 for t, _ in failed), (stopped, failed)
+    assert chat(client(KEYS[APP]))
+
+    # Back to the scenario's bundle: its venv is the one kept, switched back to without a build.
+    rc, out = run_playbook("gateway.yml")
+    assert rc == 0, out[-3000:]
+    assert on("gateway", "readlink", GATEWAY_VENV).strip() == old
+    assert on("gateway", "readlink", f"{GATEWAY_VENV}.previous").strip() == new
+    assert on("gateway", "stat", "--format=%Y", f"/opt/dcu-gateway/{old}/.dcu-gateway-digest") == built
+    assert chat(client(KEYS[APP]))
 
 
 def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without_restart(run_playbook, recap):
