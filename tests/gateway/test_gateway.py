@@ -228,6 +228,25 @@ def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
     assert len(hosts["host1"].results()) > before  # back in the rotation
 
 
+def test_a_host_whose_proxy_is_down_costs_one_failed_request_then_is_left_out(two_hosts):
+    """LiteLLM answers a refused connection with a 500 it does not retry; without the hook each caller met it until
+    allowed_fails + 1 (4) failures cooled the host down. The hook leaves the host out at its first refusal."""
+    gateway, hosts, _ = two_hosts
+    app = client(gateway, KEYS["billing"])
+    hosts["host1"].stop()  # least-busy breaks ties by order: host1 is tried first
+
+    def attempt():
+        try:
+            app.chat.completions.create(model=SERVED_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+            return 200
+        except openai.APIStatusError as e:
+            return e.status_code
+
+    outcomes = [attempt() for _ in range(12)]
+    assert outcomes == [500] + [200] * 11, outcomes
+    hosts["host2"].results(11, timeout=10)  # every answered request was host2's
+
+
 def test_the_benchmark_measures_through_the_gateway_as_a_caller(fleet, tmp_path):
     """playbooks/benchmark.yml's path where there is a gateway: dcu-benchmark (real aiperf, `make loadgen`) against
     the gateway with a caller's key handed over in the environment. Every request is answered and logged by the
