@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 import uuid
 from datetime import datetime
@@ -196,6 +197,45 @@ def test_an_image_whose_model_never_becomes_ready_is_rolled_back_with_no_failed_
     failures = [o for o in outcomes if o[0] != 200]
     print(f"rolled back in {took:.1f}s with {len(outcomes)} requests served meanwhile")
     assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+    host.check_output(f"docker image rm {new}")
+
+
+def test_a_canary_that_crashes_under_callers_fails_its_soak_and_is_rolled_back(host, proxy_url, unit, run_playbook,
+                                                                               dcu_module):
+    """serving.yml with a new image whose model answers, then crashes 40 s after it started (the simulator's
+    `crash` fault built in), and a 120 s canary soak: vllm@0 passes its real request, serves callers, crashes
+    during the soak; the proxy ejects it, the soak fails at once and the rollback puts it back on the old image.
+    The other 7 never move. Only requests that vllm@0 held when it crashed may fail (a 502 naming it)."""
+    old = host.check_output("sed -n 's/^DCU_VLLM_IMAGE=//p' /etc/dcu-serving/vllm/0.env")
+    new = old.rsplit(":", 1)[0] + ":crashes-later"
+    dockerfile = f"FROM {old}\\nENV DCU_SIM_FAULT=crash:after_s=40\\n"
+    host.check_output(f"printf '{dockerfile}' | docker build --quiet --tag {new} -")
+    envs = {card: host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string for card in range(CARDS)}
+    before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(CARDS)}
+    started = time.monotonic()
+    with steady_load(proxy_url, MODEL) as outcomes:
+        rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_image": new, "dcu_vllm_canary_soak": 120})
+    took = time.monotonic() - started
+    assert rc != 0, out[-3000:]
+    out = " ".join(out.split())
+    assert "it failed its 120 s soak" in out and "the proxy ejected it" in out, out[-3000:]
+    assert "Rolled back on node" in out and "8/8 serve again" in out, out[-3000:]
+    soaked = int(re.search(r"soak after about (\d+) s", out).group(1))
+    assert soaked < 120, f"the soak did not end when the canary failed ({soaked} s)"
+
+    assert all(host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string == envs[card] for card in range(CARDS))
+    assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
+        {card: before[card] for card in range(1, CARDS)}, "an instance after the canary was restarted"
+    assert host.check_output("docker inspect --format '{{.Config.Image}}' vllm-0") == old
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
+    assert result.get("summary") == "8/8", result.get("msg")
+    canary = BACKENDS[0].split("//")[1]
+    served_by_canary = [o for o in outcomes if o == (200, canary)]
+    failures = [o for o in outcomes if o[0] != 200]
+    print(f"soak failed and rolled back in {took:.1f}s: {len(outcomes)} requests, {len(served_by_canary)} answered "
+          f"by the canary, {len(failures)} failed ({failures[:3]})")
+    assert served_by_canary, "no caller's request reached the canary during its soak"
+    assert len(failures) <= 6 and all(o == (502, canary) for o in failures), failures  # 6 callers at most in flight
     host.check_output(f"docker image rm {new}")
 
 
