@@ -82,7 +82,7 @@ def _replace_link(link, target):
 
 def _stale_venvs(path, keep):
     parent, name = os.path.split(path)
-    for entry in sorted(os.listdir(parent)):
+    for entry in sorted(os.listdir(parent) if os.path.isdir(parent) else []):  # none yet: check mode, first run
         full = os.path.join(parent, entry)
         if (entry.startswith(name + "-") and entry not in keep and not os.path.islink(full)
                 and os.path.isfile(os.path.join(full, "pyvenv.cfg"))):

@@ -55,6 +55,14 @@ def test_check_mode_says_what_would_move_and_moves_nothing(tmp_path, module_runn
     assert os.readlink(tmp_path / "venv") == "venv-aaa"
 
 
+def test_check_mode_on_a_new_host_says_it_would_make_the_link(tmp_path, module_runner):
+    opt = tmp_path / "opt"  # the venv's parent does not exist yet
+    result = module_runner("venv_link", {"path": str(opt / "venv"), "target": str(opt / "venv-aaa"),
+                                         "_ansible_check_mode": True})
+    assert result["changed"] is True and result["previous"] is None and result["removed"] == []
+    assert not (tmp_path / "opt").exists()
+
+
 def test_an_unfinished_build_is_refused_and_the_running_venv_stays(tmp_path, module_runner):
     _venv(tmp_path, "venv-aaa")
     module_runner("venv_link", {"path": str(tmp_path / "venv"), "target": str(tmp_path / "venv-aaa")})
