@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -157,3 +159,38 @@ def test_a_bundled_image_run_as_host_is_refused(host, run_playbook):
                       f"| docker build --quiet -t {image} -")
     refused(host, run_playbook, with_service("rerank", image=image),
             "carries its own runtime", "set runtime: bundled")
+
+
+# --- A change that passes: the canary soaks under callers' requests, then the change stays -----------------------
+
+def test_a_changed_service_restarts_behind_a_canary_that_passes_its_soak(host, run_playbook, proxy_url):
+    """embed's max_num_seqs 64 -> 32 with a 6 s canary soak while a caller sends embeddings: vllm@embed-0 restarts,
+    serves the caller through the proxy for the soak, passes it, and the other services never move."""
+    others = {u: host.check_output(f"systemctl show --property=MainPID --value {u}") for u in UNITS if "embed" not in u}
+    stop, answered = threading.Event(), []
+
+    def caller():
+        while not stop.is_set():
+            answer = requests.post(f"{proxy_url}/v1/embeddings", timeout=30, json={"model": "bge-m3", "input": "DCU"})
+            answered.append(answer.status_code)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    try:
+        rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_services": with_service("embed", max_num_seqs=32),
+                                                          "dcu_vllm_canary_soak": 6})
+    finally:
+        stop.set()
+        thread.join()
+    assert rc == 0, out[-3000:]
+    soak = re.search(r"vllm@embed-0 passed its 6 s soak: (\d+) callers'+ requests answered", " ".join(out.split()))
+    assert soak and int(soak.group(1)) > 0, out[-3000:]
+    assert host.file("/etc/dcu-serving/vllm/embed-0.env").contains("--max-num-seqs 32")
+    assert {u: host.check_output(f"systemctl show --property=MainPID --value {u}") for u in others} == others
+    assert 200 in answered
+
+    rc, out = run_playbook("serving.yml")  # back to the scenario's layout, no soak
+    assert rc == 0, out[-3000:]
+    assert "passed its" not in out, out[-3000:]  # dcu_vllm_canary_soak's default, 0: no soak
+    assert host.file("/etc/dcu-serving/vllm/embed-0.env").contains("--max-num-seqs 64")
