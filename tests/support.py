@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,40 @@ FAST_SIM = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--sim-itl-jitter", "0",
 FAST_HEALTH = {"interval": 0.2, "timeout": 0.2}
 
 
+def _port_range() -> range:
+    """This process's ports: below the kernel's ephemeral range, split between pytest-xdist's workers."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    index = int(worker) if worker.isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    size = (ephemeral_low - 10000) // count
+    return range(10000 + index * size, 10000 + (index + 1) * size)
+
+
+_PORTS = _port_range()
+_next_port = random.randrange(_PORTS.start, _PORTS.stop)  # runs one after another start at different ports
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, for a server a test is about to start. Not one the kernel picks (bind to 0): the
+    kernel hands such ports out again as the local port of any outgoing connection, which took one before its
+    server bound it (EADDRINUSE, seen in CI with parallel workers). Ports below the ephemeral range are only taken
+    by a bind that names them; each xdist worker has its own share and walks it in turn, so no two handed-out
+    ports are the same until it wraps."""
+    global _next_port
+    for _ in range(len(_PORTS)):
+        port = _next_port
+        _next_port = _PORTS.start + (port + 1 - _PORTS.start) % len(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # a server from an earlier test, or a port in TIME_WAIT
+            return port
+    raise RuntimeError(f"no free port in {_PORTS}")
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
