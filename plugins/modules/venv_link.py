@@ -103,9 +103,10 @@ def main():
     if not module.check_mode and not os.path.isfile(os.path.join(target, "pyvenv.cfg")):
         module.fail_json(msg="target %s is not a complete venv (no pyvenv.cfg): build it first" % target)
 
+    in_place = not os.path.islink(path) and os.path.isdir(path)
     if os.path.islink(path):
         previous = os.path.basename(os.readlink(path).rstrip("/"))
-    elif os.path.isdir(path):
+    elif in_place:
         previous = name + "-legacy"
     elif os.path.lexists(path):
         module.fail_json(msg="%s is a file, neither a venv nor a link to one: move it away" % path)
@@ -120,7 +121,7 @@ def main():
         previous_kept = previous
     removed = list(_stale_venvs(path, {new, previous_kept}))
     if not module.check_mode:
-        if previous == name + "-legacy":
+        if in_place:
             os.rename(path, os.path.join(parent, previous))
         _replace_link(path, new)
         if previous:

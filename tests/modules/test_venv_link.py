@@ -76,3 +76,14 @@ def test_a_target_elsewhere_is_refused_with_the_expected_name(tmp_path, module_r
     other = _venv(tmp_path / "elsewhere", "venv-aaa")
     result = module_runner("venv_link", {"path": str(tmp_path / "venv"), "target": other})
     assert result["failed"] is True and "must be beside path" in result["msg"]
+
+
+def test_switching_away_from_a_legacy_venv_put_back_by_hand_keeps_it(tmp_path, module_runner):
+    _venv(tmp_path, "venv")
+    module_runner("venv_link", {"path": str(tmp_path / "venv"), "target": _venv(tmp_path, "venv-aaa")})
+    os.unlink(tmp_path / "venv")
+    os.symlink("venv-legacy", tmp_path / "venv")  # the README's rollback, by hand
+    result = module_runner("venv_link", {"path": str(tmp_path / "venv"), "target": str(tmp_path / "venv-aaa")})
+    assert result["changed"] is True and result["previous"] == "venv-legacy", result
+    assert os.readlink(tmp_path / "venv") == "venv-aaa"
+    assert (tmp_path / "venv-legacy" / "pyvenv.cfg").is_file()
