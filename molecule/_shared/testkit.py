@@ -5,11 +5,13 @@ imports the fixtures at the end (`recap`, `dcu_module`) to offer them to its tes
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,32 @@ def recap_fixture():
 def dcu_module():
     """dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=...) -> the module's result."""
     return module
+
+
+# A changed copy of the scenario's bundle (airgap's proxy venv, fleet's gateway venv).
+def bundle_copy(tmp_path: Path, name: str, change) -> str:
+    """index.json and wheels/ of the scenario's bundle (build/bundle) in tmp_path/name, with change(index, root)
+    applied."""
+    root = tmp_path / name
+    shutil.copytree(PROJECT / "build/bundle/wheels", root / "wheels")
+    index = json.loads((PROJECT / "build/bundle/index.json").read_text())
+    change(index, root)
+    (root / "index.json").write_text(json.dumps(index))
+    return str(root)
+
+
+def wheel_entry(index: dict, name: str) -> dict:
+    return next(a for a in index["artifacts"] if a["kind"] == "wheel" and a["name"] == name)
+
+
+def rebuild_wheel(index: dict, root: Path, name: str) -> None:
+    """The wheel rebuilt with one more file (<package>/_rebuilt.txt), its new sum and size in index.json: a new
+    venv for whoever installs it."""
+    wheel = wheel_entry(index, name)
+    with zipfile.ZipFile(root / wheel["file"], "a") as z:
+        z.writestr(f"{name.replace('-', '_')}/_rebuilt.txt", "rebuilt\n")
+    data = (root / wheel["file"]).read_bytes()
+    wheel.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
 
 # The serving scenarios' helpers (default, platform, airgap).

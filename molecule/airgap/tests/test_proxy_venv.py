@@ -4,13 +4,10 @@ only, built beside the running venv and switched to atomically; a broken wheelho
 from __future__ import annotations
 
 import hashlib
-import json
-import shutil
 import uuid
-import zipfile
 
 from proxycalls import call, command_line, main_pid, results_line
-from testkit import PROJECT
+from testkit import bundle_copy, rebuild_wheel, wheel_entry
 
 testinfra_hosts = ["air-host"]
 VENV = "/opt/dcu-serving/venv"
@@ -29,28 +26,14 @@ def test_auto_built_a_venv_of_the_proxys_dependencies_only(host):
     assert not any(line.startswith(("pydantic", "pillow", "requests")) for line in pinned)
 
 
-def _bundle_copy(tmp_path, name: str, change) -> str:
-    """index.json and wheels/ of the scenario's bundle, with change(index, root) applied."""
-    root = tmp_path / name
-    shutil.copytree(PROJECT / "build/bundle/wheels", root / "wheels")
-    index = json.loads((PROJECT / "build/bundle/index.json").read_text())
-    change(index, root)
-    (root / "index.json").write_text(json.dumps(index))
-    return str(root)
-
-
-def _wheel(index, name):
-    return next(a for a in index["artifacts"] if a["kind"] == "wheel" and a["name"] == name)
-
-
 def test_a_broken_wheelhouse_leaves_the_running_proxy_serving(host, run_playbook, tmp_path):
     """A newer bundle whose multidict wheel does not match its sum: pip refuses it, nothing switches."""
     def damage(index, root):
-        _wheel(index, "multidict")["sha256"] = hashlib.sha256(b"another file").hexdigest()
+        wheel_entry(index, "multidict")["sha256"] = hashlib.sha256(b"another file").hexdigest()
 
     link, pid = host.file(VENV).linked_to, main_pid(host)
     rc, out = run_playbook("serving.yml", "--limit", "air-host",
-                           extra_vars={"dcu_proxy_bundle_dir": _bundle_copy(tmp_path, "broken", damage)})
+                           extra_vars={"dcu_proxy_bundle_dir": bundle_copy(tmp_path, "broken", damage)})
     assert rc != 0 and "DO NOT MATCH THE HASHES" in out, out[-3000:]
     assert host.file(VENV).linked_to == link and main_pid(host) == pid
     orid = f"air-host-{uuid.uuid4().hex[:8]}"
@@ -59,16 +42,12 @@ def test_a_broken_wheelhouse_leaves_the_running_proxy_serving(host, run_playbook
 
 def test_a_new_wheelhouse_is_switched_to_and_the_previous_venv_kept_for_a_rollback(host, run_playbook, tmp_path):
     def rebuild(index, root):  # a rebuilt dcu-serving wheel (one more file), index.json updated
-        wheel = _wheel(index, "dcu-serving")
-        with zipfile.ZipFile(root / wheel["file"], "a") as z:
-            z.writestr("dcu_serving/_rebuilt.txt", "rebuilt\n")
-        data = (root / wheel["file"]).read_bytes()
-        wheel.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        rebuild_wheel(index, root, "dcu-serving")
 
     old, pid = host.file(VENV).linked_to, main_pid(host)
     built = host.check_output(f"stat --format=%Y {old}/dcu-serving-wheels.sha256")
     rc, out = run_playbook("serving.yml", "--limit", "air-host",
-                           extra_vars={"dcu_proxy_bundle_dir": _bundle_copy(tmp_path, "newer", rebuild)})
+                           extra_vars={"dcu_proxy_bundle_dir": bundle_copy(tmp_path, "newer", rebuild)})
     assert rc == 0, out[-3000:]
     new = host.file(VENV).linked_to
     assert new != old and host.file(f"{VENV}.previous").linked_to == old

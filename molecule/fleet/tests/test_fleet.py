@@ -7,22 +7,19 @@ The nodes are reached with `docker exec` for what only an operator on the host s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path
 
 import openai
 import pytest
+from testkit import bundle_copy, rebuild_wheel, wheel_entry
 
 from support import wait_until  # tests/support.py, on pytest's pythonpath
 
@@ -299,21 +296,14 @@ GATEWAY_VENV = "/opt/dcu-gateway/venv"  # dcu_gateway_venv's default
 
 
 def newer_bundle(tmp_path, name: str, damage_litellm: bool = False) -> str:
-    """index.json and wheels/ of the scenario's bundle with a rebuilt dcu-serving wheel (one more file, its new sum
-    in index.json): a new venv for the gateway. damage_litellm: LiteLLM's wheel no longer matches its hash."""
-    root = tmp_path / name
-    shutil.copytree(f"{PROJECT}/build/bundle/wheels", root / "wheels")
-    index = json.loads(Path(f"{PROJECT}/build/bundle/index.json").read_text())
-    wheels = {a["name"]: a for a in index["artifacts"] if a["kind"] == "wheel"}
-    with zipfile.ZipFile(root / wheels["dcu-serving"]["file"], "a") as z:
-        z.writestr("dcu_serving/_rebuilt.txt", "rebuilt\n")
-    data = (root / wheels["dcu-serving"]["file"]).read_bytes()
-    wheels["dcu-serving"].update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-    if damage_litellm:
-        with open(root / wheels["litellm"]["file"], "ab") as f:
-            f.write(b"not the wheel that was pinned")
-    (root / "index.json").write_text(json.dumps(index))
-    return str(root)
+    """The scenario's bundle with a rebuilt dcu-serving wheel: a new venv for the gateway. damage_litellm: LiteLLM's
+    wheel no longer matches its hash."""
+    def change(index, root):
+        rebuild_wheel(index, root, "dcu-serving")
+        if damage_litellm:
+            with open(root / wheel_entry(index, "litellm")["file"], "ab") as f:
+                f.write(b"not the wheel that was pinned")
+    return bundle_copy(tmp_path, name, change)
 
 
 def gateway_unit(*props: str) -> dict:

@@ -43,9 +43,10 @@ class Unreachable:
         self._until: dict[str, float] = {}
 
     def mark(self, host: str) -> None:
-        if host not in self.hosts():
+        now = self.clock()
+        if self._until.get(host, 0.0) <= now:
             log.warning("%s refused the connection: left out of routing for %.0f s", host, self.hold)
-        self._until[host] = self.clock() + self.hold
+        self._until[host] = now + self.hold
 
     def hosts(self) -> frozenset:
         now = self.clock()
