@@ -92,7 +92,8 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     instance's cards' card and render nodes (inside they become devices 0..N-1); `visible_devices` passes
     /dev/dri and HIP_VISIBLE_DEVICES. The model directory is mounted read-only; runtime `host` (the image uses
     the host's user-space runtime) also mounts hyhal at /opt/hyhal (where images look for it, whatever the
-    host calls it) and the host's DTK, read-only; runtime `bundled` mounts nothing of the host's. numa_pinning
+    host calls it) and the host's DTK, read-only; runtime `bundled` mounts nothing of the host's. An instance with
+    placement `cpu` gets no DCU device or group (and `--cpus` from its cpu_limit). numa_pinning
     pins an instance to its NUMA node's CPUs and memory when its CPU list is known. container_options come last.
     """
     if device_isolation not in ("card", "visible_devices"):
@@ -105,7 +106,10 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     for instance in instances:
         names = instance.get("env", env if env is not None else ())
         names = sorted(set(["VLLM_PORT", *names]), key=lambda name: name.lower())
-        if device_isolation == "card":
+        if instance.get("placement") == "cpu":
+            # On the host's processors: no DCU node, no device group, no HIP_VISIBLE_DEVICES; its own CPU share.
+            devices = ["--cpus={}".format(instance["cpu_limit"])] if instance.get("cpu_limit") else []
+        elif device_isolation == "card":
             devices = ["--device={}".format(node) for node in
                        instance.get("card_nodes", [instance.get("card_node")])
                        + instance.get("render_nodes", [instance.get("render_node")]) if node]
@@ -122,7 +126,8 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
         if numa_pinning and instance.get("cpus") and instance.get("numa_node") is not None:
             numa = ["--cpuset-cpus={}".format(instance["cpus"]), "--cpuset-mems={}".format(instance["numa_node"])]
         key = instance.get("name", instance.get("card"))
-        options[key] = (devices + shared + ["--env={}".format(name) for name in names] + mounts + numa
+        options[key] = (devices + (shared if instance.get("placement") != "cpu" else [])
+                        + ["--env={}".format(name) for name in names] + mounts + numa
                         + list(container_options or []))
     return options
 
@@ -170,6 +175,8 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
         if key in seen:
             continue
         seen.add(key)
+        if instance.get("placement") == "cpu":
+            continue  # a CPU build of vLLM: no DCU runtime to match, none of the host's mounted
         image = (images or {}).get(instance.get("image")) or {}
         who = "service {} (image {})".format(instance.get("service") or instance.get("model"), instance.get("image"))
         runtime = instance.get("runtime", "host")

@@ -202,7 +202,7 @@ CONTRACT_MODES = {
     "max_images": (9, 0),
 }
 
-KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription", "speech")
 
 # One entry of `backends` in the form where each backend names its models (a host carved into model services).
 BACKEND_SCHEMA: dict[str, Any] = {
