@@ -95,6 +95,7 @@ vendor: venv  ## emulated vendor artifacts (rock .run, DTK) into build/vendor/, 
 bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (playbooks/bundle.yml)
 	tools/build-sim-image >/dev/null
 	tools/build-proxy-image >/dev/null
+	tools/build-milvus-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
 molecule: venv images bundle  ## every molecule scenario, two at a time (logs in build/molecule/)

@@ -26,7 +26,7 @@ def speech_host(start_sim, start_proxy):
 
 
 def test_speech_is_synthesised_and_transcribed_through_the_proxy(speech_host):
-    proxy, tts, asr = speech_host
+    proxy, tts, _ = speech_host
     sdk = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
     raw = sdk.audio.speech.with_raw_response.create(model=TTS, voice="vivian", input="The report is due on Friday.")
     assert raw.headers["X-Backend"] == f"127.0.0.1:{tts.port}"
