@@ -11,7 +11,7 @@ import time
 
 from aiohttp import web
 
-from dcu_serving.sim import mineru
+from dcu_serving.sim import citations, mineru
 from dcu_serving.sim.config import SimConfig
 from dcu_serving.sim.engine import THINK_CLOSE, THINK_OPEN, Engine, Sequence, plan
 from dcu_serving.sim.faults import EngineError, Faults
@@ -96,6 +96,9 @@ async def chat_completions(request: web.Request, config: SimConfig, faults: Faul
         seq = Sequence(request_id, prompt_tokens, images, answer[:max_tokens], finish, 0, random.Random(0))
     else:
         seq = plan(config, key, prompt_tokens, images, body.thinking, max_tokens, request_id)
+        source = citations.cited(body.messages)
+        if source is not None and len(seq.pieces) < max_tokens:  # a RAG prompt: cite the best-matching source
+            seq.pieces.append(f" [{source}]")
     model = body.model or config.served_model_names[0]
     engine = request.app[engine_key]
     if body.stream:
