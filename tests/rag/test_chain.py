@@ -12,7 +12,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -64,18 +63,22 @@ def milvus_url():
         docker("rm", "--force", f"{name}-milvus", f"{name}-etcd", check_rc=False)
 
 
-@pytest.fixture(scope="module")
-def mineru(tmp_path_factory):
+@pytest.fixture
+def mineru(tmp_path_factory, request):
     if not (MINERU / "bin/mineru-api").exists():
         pytest.fail(f"MinerU is not installed at {MINERU}: run `make rag` (or set DCU_MINERU to a venv holding it)")
     tmp = tmp_path_factory.mktemp("mineru")
     port = free_port()
     # dcu-proxy serves several models: MinerU's http client must be told which is its VLM (it refuses to guess).
-    server = ServerProcess([str(MINERU / "bin/mineru-api"), "--host", "127.0.0.1", "--port", str(port)], port,
+    # MinerU's own API behind dcu_mineru's launcher (its upload limit, its one VLM address: the proxy's).
+    server = ServerProcess([str(MINERU / "bin/python"), "-m", "dcu_serving.mineru.launcher", "--max-upload-mb", "1",
+                            "--vlm-url", request.getfixturevalue("host")[0].url, "--host", "127.0.0.1",
+                            "--port", str(port)], port,
                            env={"MINERU_MODEL_SOURCE": "local", "HF_HUB_OFFLINE": "1", "MINERU_VL_MODEL_NAME": VLM,
-                                "MINERU_API_OUTPUT_ROOT": str(tmp / "out"), "TMPDIR": str(tmp)},
+                                "MINERU_API_OUTPUT_ROOT": str(tmp / "out"), "TMPDIR": str(tmp),
+                                "PYTHONPATH": str(REPO / "src")},
                            log=tmp / "mineru.log")
-    server.start(ready_path="/health", timeout=120)
+    server.start(ready_path="/health", timeout=180)
     yield server
     server.stop()
 
@@ -173,5 +176,20 @@ def test_a_pdf_mineru_cannot_read_is_named(host, mineru, milvus_url, tmp_path):
     assert rc == 1 and err.startswith("hop parse failed: MinerU"), err
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
+
+
+def test_an_upload_over_the_limit_is_refused_naming_it(host, mineru, milvus_url, tmp_path):
+    proxy, _ = host
+    big = tmp_path / "big.pdf"
+    big.write_bytes(b"%PDF-1.7\n" + b"0" * (2 * 2**20))
+    rc, report, err = run_check(*chain_args(proxy, mineru, milvus_url, big, "chain_big"))
+    assert rc == 1 and "hop parse failed" in err and "over this MinerU's limit of 1 MiB (dcu_mineru_max_upload_mb)" \
+        in err, err
+    assert "store" not in report["hops"], "nothing stored"
+
+
+def test_mineru_reads_through_the_proxy_only(host, mineru, tmp_path):
+    with pdf(tmp_path).open("rb") as f:
+        answer = requests.post(mineru.url + "/file_parse", timeout=60, files={"files": ("a.pdf", f)},
+                               data={"backend": "vlm-http-client", "server_url": "http://10.0.0.1:30000"})
+    assert answer.status_code == 400 and "is not this service's VLM" in answer.json()["detail"], answer.text
