@@ -109,6 +109,7 @@ bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (pl
 	tools/build-sim-image >/dev/null
 	tools/build-proxy-image >/dev/null
 	tools/build-milvus-image >/dev/null
+	tools/build-mineru-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
 molecule: venv images bundle  ## every molecule scenario, two at a time (logs in build/molecule/)

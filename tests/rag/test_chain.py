@@ -134,6 +134,7 @@ def test_a_pdf_goes_through_every_hop_and_the_answer_cites_its_chunks(host, mine
     proxy, _ = host
     rc, report, err = run_check(*chain_args(proxy, mineru, milvus_url, pdf(tmp_path), "chain_ok"))
     assert rc == 0, err + mineru.tail()
+    print(json.dumps(report, indent=2))  # pytest -s: the report docs/rag.md shows
     hops = report["hops"]
     assert list(hops) == ["parse", "chunk", "embed", "store", "embed_question", "search", "rerank", "answer"]
     assert hops["chunk"]["chunks"] >= 4, "MinerU found the page's blocks (two pages, three blocks each)"

@@ -20,7 +20,7 @@ from support import wait_until
 
 testinfra_hosts = ["node"]
 UNITS = ["vllm@chat-0", "vllm@mineru-vlm-0", "vllm@tts-0", "vllm@asr-0", "vllm@embed-0", "vllm@rerank-0",
-         "dcu-proxy", "dcu-etcd", "dcu-milvus"]
+         "dcu-proxy", "dcu-etcd", "dcu-milvus", "dcu-mineru"]
 PASSWORD = "rag-Root-pw-1"  # host_vars/node.yml, vaulted (molecule/rag/vault-password)
 AUTH = {"Authorization": f"Bearer root:{PASSWORD}"}
 
@@ -98,6 +98,35 @@ def test_verify_names_a_stopped_etcd(host, run_playbook):
         host.check_output("systemctl start dcu-etcd dcu-milvus")
     rc, out = run_playbook("data.yml")  # waits until both are healthy again
     assert rc == 0, out[-3000:]
+
+
+# --- The chain and MinerU ---------------------------------------------------------------------------------------
+
+def test_the_chain_answers_from_the_bundles_pdf_citing_its_chunks(host, run_playbook):
+    rc, out = run_playbook("rag_check.yml")
+    assert rc == 0, out[-4000:]
+    flat = " ".join(out.split())
+    for hop in ('"parse"', '"chunk"', '"embed"', '"store"', '"search"', '"rerank"', '"answer"'):
+        assert hop in flat, hop
+    assert "'cited': ['c1']" in flat or '"cited": ["c1"]' in flat, out[-3000:]
+    record = results_line(host, "rag-check-node")
+    assert record["status"] == 200
+
+
+UPLOAD = """python3 - <<'PY'
+import urllib.error, urllib.request
+request = urllib.request.Request("http://127.0.0.1:8010/file_parse", data=b"0" * (2 * 2**20),
+                                 headers={"Content-Type": "multipart/form-data; boundary=x"})
+try:
+    urllib.request.urlopen(request, timeout=30)
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+PY"""
+
+
+def test_a_parse_over_the_upload_limit_is_refused_naming_it(host):
+    answer = host.run(UPLOAD)
+    assert answer.stdout.startswith("413 ") and "limit of 1 MiB (dcu_mineru_max_upload_mb)" in answer.stdout, answer
 
 
 # --- Backup and restore ----------------------------------------------------------------------------------------

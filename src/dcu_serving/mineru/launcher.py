@@ -88,23 +88,7 @@ class Guard:
         return None
 
 
-def health(url: str) -> int:
-    """`health URL`: exit 0 when MinerU's /health says healthy (the container's health check)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            status = json.loads(answer.read()).get("status")
-    except (OSError, ValueError) as e:
-        print(f"dcu-mineru-api: {url}: {e}", file=sys.stderr)
-        return 1
-    return 0 if status == "healthy" else 1
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["health"] and len(argv) == 2:
-        return health(argv[1])
     parser = argparse.ArgumentParser(prog="dcu-mineru-api", description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-upload-mb", type=int, required=True)
     parser.add_argument("--vlm-url", required=True, help="the only server_url allowed (dcu-proxy)")
