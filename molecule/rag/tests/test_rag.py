@@ -84,6 +84,7 @@ def test_verify_covers_the_data_services(run_playbook):
     assert rc == 0, out[-3000:]
     flat = " ".join(out.split())
     assert "dcu-etcd and dcu-milvus healthy; inserted 2 vectors, the nearest of [0.9, 0.1, 0, 0] is a" in flat
+    assert "MinerU parsed rag-check.pdf into" in flat
     for model in ("CosyVoice3-0.5B (speech)", "bge-m3 (embeddings)", "whisper-large-v3 (transcriptions)"):
         assert model in flat, model
 
