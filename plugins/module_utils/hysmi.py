@@ -135,8 +135,13 @@ def pci_functions(sysfs_root="/sys"):
     """Every PCI function of vendor 0x1d94, sorted by address, with what sysfs says about it.
 
     Each: pci_bus, device_id, class (e.g. '0x038000'), driver (the bound driver's name or None),
-    numa_node, vram_total_mib, card and render (DRM node names or None), kind ('card', 'unbound' or
-    'platform': a CPU or switch function).
+    numa_node, vram_total_mib, card and render (DRM node names or None), kind:
+    'card'            a function with DRM nodes (what Hygon's container toolkit and GPUStack count);
+    'unbound'         a card by device id or class without DRM nodes: the driver is not loaded, or it bound the
+                      card and could not bring it up (a driver/vbios mismatch): unusable either way;
+    'driver_function' a function the DCU driver binds that is not a card (no card id or class, no DRM nodes):
+                      the BW boxes' a110 switch endpoints, when the driver binds them;
+    'platform'        any other 0x1d94 function: the CPU's and the switches' own.
     """
     pci_dir = os.path.join(sysfs_root, "bus", "pci", "devices")
     try:
@@ -179,10 +184,12 @@ def pci_functions(sysfs_root="/sys"):
 
 
 def _kind(function):
-    if function["driver"] in DRIVER_MODULES or function["card"] or function["render"]:
+    if function["card"] or function["render"]:
         return "card"
     if function["device_id"] in SERIES_BY_DEVICE or (function["class"] or "").startswith(CARD_CLASSES):
         return "unbound"
+    if function["driver"] in DRIVER_MODULES:
+        return "driver_function"
     return "platform"
 
 

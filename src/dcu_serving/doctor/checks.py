@@ -54,10 +54,10 @@ def driver(host: Host) -> list:
     expected = int(host.access_record().get("expected_cards") or 0)
     summary = "{} {} loaded; {} card(s) bound".format(module, version or "(no version file)", len(cards))
     if unbound:
-        findings.append(Finding("driver", FAIL, "{}, but the driver did not bind: {}".format(
+        findings.append(Finding("driver", FAIL, "{}, but these cards have no DRM nodes: {}".format(
             summary, "; ".join(hysmi.describe_function(f) for f in unbound)),
-            "a driver/vbios mismatch or a half-finished install leaves cards unbound: dmesg | grep -i hycu; "
-            "reinstall the driver with playbooks/drivers.yml and reboot"))
+            "a driver/vbios mismatch or a half-finished install leaves cards down: dmesg | grep -i hycu; "
+            "reinstall the driver with playbooks/drivers.yml (dcu_driver_update_vbios) and reboot"))
     elif expected and len(cards) != expected:
         findings.append(Finding("driver", FAIL, f"{summary}, {expected} expected (dcu_driver_expected_cards)",
                                 "lspci -d 1d94: shows what the bus holds; a missing card is a hardware or BIOS "
