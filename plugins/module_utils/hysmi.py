@@ -39,6 +39,17 @@ SERIES_BY_DEVICE = {
     "0x6211": "K100_AI_ECO",
 }
 
+# Form factor by device id: OAM modules (BW1100; BW1000) talk over HyLink, PCIe cards over PCIe P2P, which needs
+# IOMMU pass-through, ACS off and HSA_FORCE_FINE_GRAIN_PCIE=1 for RCCL (docs/field-evidence.md K1, K2). 0x6320 is
+# both BW1000 (OAM) and BW150 (PCIe): it counts as PCIe, the side whose settings are harmless on the other.
+OAM_DEVICE_IDS = ("0x6430",)
+
+
+def is_pcie(device_id):
+    """True for a card on PCIe P2P (every DCU but the OAM modules)."""
+    return (device_id or "").lower() not in OAM_DEVICE_IDS
+
+
 # Kernel module names: hydcu for drivers up to 6.2, hycu from 6.3 on.
 DRIVER_MODULES = ("hycu", "hydcu")
 
