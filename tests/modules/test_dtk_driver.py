@@ -1,13 +1,13 @@
 """Hygon's DTK <-> driver table as data, and the check an image's DTK passes before it starts
-(plugins/module_utils/dtk_driver.py, plugins/filter/dtk_driver.py). Driver spellings are the ones hosts print
+(plugins/module_utils/dtk_driver.py, plugins/plugin_utils/dtk_check.py). Driver spellings are the ones hosts print
 (docs/field-evidence.md): installer names, hy-smi's 6.3.31-V1.5.0a, sysfs's bare 6.2.35."""
 
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.dcu.serving.plugins.filter.dtk_driver import dtk_driver_check, dtk_driver_row
 from ansible_collections.dcu.serving.plugins.module_utils import dtk_driver
+from ansible_collections.dcu.serving.plugins.plugin_utils.dtk_check import dtk_driver_check, dtk_driver_row
 
 IMAGE_2604 = "harbor.sourcefind.cn:5443/dcu/admin/base/vllm:0.11.0-ubuntu22.04-dtk26.04-py3.10"
 IMAGE_25041 = "image.sourcefind.cn:5000/dcu/admin/base/vllm:0.8.5-ubuntu22.04-dtk25.04.1-py3.10"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter import dcu_cards, rock
 from ansible_collections.dcu.serving.plugins.module_utils import rock_version
+from ansible_collections.dcu.serving.plugins.plugin_utils import cards as dcu_cards
+from ansible_collections.dcu.serving.plugins.plugin_utils import rock
 
 ARTIFACT = {"file": "driver/rock-6.3.27-V1.2.5.run", "sha256": "ab" * 32, "version": "6.3.27-V1.2.5"}
 

@@ -1,4 +1,4 @@
-"""A host carved into model services (plugins/filter/services.py): the instances, their `vllm serve`
+"""A host carved into model services (plugins/plugin_utils/services.py): the instances, their `vllm serve`
 arguments, and every refusal before anything starts - each naming the service and the fix."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from modules.services_host import CARDS, DEFAULTS, SERVICES
 
-from ansible_collections.dcu.serving.plugins.filter.services import vllm_service_problems, vllm_services
-from ansible_collections.dcu.serving.plugins.filter.vllm import vllm_instances
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_service_problems, vllm_services
 
 
 def services(**changes):
@@ -104,10 +103,11 @@ def test_the_default_layout_keeps_todays_names_ports_and_arguments():
     assert [i["name"] for i in instances] == [str(n) for n in range(8)]
     assert [i["unit"] for i in instances] == [f"vllm@{n}" for n in range(8)]
     assert [i["container"] for i in instances] == [f"vllm-{n}" for n in range(8)]
-    today = vllm_instances(CARDS, cpulists={0: "0-31", 1: "32-63"}, model="MiniCPM-V-4.5", max_num_seqs=4,
-                           max_model_len=32768, max_images=9)
-    for new, old in zip(instances, today, strict=True):
-        assert {key: new[key] for key in old} == old
+    assert [i["port"] for i in instances] == list(range(8002, 8010))
+    assert [i["url"] for i in instances] == [f"http://127.0.0.1:{8002 + n}" for n in range(8)]
+    assert [i["internal_port"] for i in instances] == [20000 + 100 * n for n in range(8)]
+    assert [i["cpus"] for i in instances] == ["0-31"] * 4 + ["32-63"] * 4
+    assert {i["max_images"] for i in instances} == {9}
     assert {tuple(i["serve_args"]) for i in instances} == {(
         "--served-model-name", "MiniCPM-V-4.5", "--max-num-seqs", "4", "--max-model-len", "32768",
         "--gpu-memory-utilization", "0.9", "--limit-mm-per-prompt", '{"image":9}', "--trust-remote-code")}

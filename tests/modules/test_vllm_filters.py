@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.vllm import (
+from ansible_collections.dcu.serving.plugins.plugin_utils.containers import vllm_device_nodes, vllm_run_options
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import (
+    default_layout,
     env_file_problems,
-    vllm_device_nodes,
     vllm_instances,
-    vllm_run_options,
+    vllm_services,
 )
 
 # `stat --format='%n %g %G' /dev/kfd /dev/mkfd <card nodes> <render nodes>` on a host set up by dcu_driver
@@ -122,9 +123,24 @@ def test_one_instance_per_card_on_its_port_with_its_own_internal_port_range():
 
 
 def test_only_the_wanted_cards_and_ports_that_exist():
-    assert [i["card"] for i in vllm_instances(CARDS, wanted=[6, 2])] == [2, 6]
-    with pytest.raises(AnsibleFilterError, match="exceeds 65535"):
-        vllm_instances(CARDS, base_port=65530)
+    assert [i["card"] for i in vllm_instances(CARDS, wanted=[6, 2], model="m")] == [2, 6]
+    with pytest.raises(AnsibleFilterError, match="instance 6 would listen on port 65536, outside 1-65535"):
+        vllm_instances(CARDS, base_port=65530, model="m")
+
+
+def test_the_deprecated_vllm_instances_is_the_default_layout_of_vllm_services():
+    """One list of instances: vllm_instances is vllm_services' default layout, seen through its old keys."""
+    old = vllm_instances(CARDS, wanted=[1, 5], model="m", max_num_seqs=4, max_images=9)
+    new = vllm_services(default_layout(CARDS, [1, 5], "m", "/"), CARDS,
+                        {"max_num_seqs": 4, "limit_mm_per_prompt": {"image": 9}})
+    assert old == [{key: instance[key] or (0 if key == "max_model_len" else instance[key]) for key in old[0]}
+                   for instance in new]
+    assert set(old[0]) == {"card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
+                           "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len",
+                           "max_images"}
+    assert [i["max_images"] for i in old] == [9, 9]
+    with pytest.raises(AnsibleFilterError, match="give model"):
+        vllm_instances(CARDS)
 
 
 def test_env_file_values_systemd_can_read():

@@ -1,69 +1,16 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""The vLLM instances of a host, worked out from its cards (dcu_facts) and the inventory: the one list that
-dcu_vllm's units, dcu_proxy's backends, verify.yml and rolling_restart.yml derive from."""
+"""How each vLLM instance's container runs: the device nodes it gets, its `docker run` options, the images the
+engine holds (their DTK and runtime) and what keeps an image from running on this host. The instances come from
+services.vllm_services (the one list of them)."""
 
 import json
 import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.dtk_driver import dtk_driver_check
-
-# Names an environment variable may have (POSIX portable set).
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", cpulists=None, model="",
-                   max_num_seqs=0, max_model_len=0, max_images=None, internal_port_base=20000,
-                   internal_port_stride=100):
-    """One instance per card: vllm@<index> on base_port + index, sorted by card.
-
-    cards: ansible_facts.dcu.cards; wanted: the card indexes to serve (empty: all); cpulists: {NUMA node:
-    'cpu list'} for pinning. Each instance: card, port, url, unit, container, pci_bus, card_node,
-    render_node, numa_node, cpus, internal_port (vLLM's VLLM_PORT base, a range per instance), model,
-    max_num_seqs, max_model_len, max_images.
-    """
-    cpulists = {int(k): v for k, v in (cpulists or {}).items()}
-    wanted = [int(i) for i in wanted or []]
-    chosen = [c for c in cards or [] if not wanted or c["index"] in wanted]
-    instances = []
-    for card in sorted(chosen, key=lambda c: c["index"]):
-        port = int(base_port) + card["index"]
-        if port > 65535:
-            raise AnsibleFilterError("vllm_instances: base_port {} + card {} exceeds 65535".format(
-                base_port, card["index"]))
-        instances.append({
-            "card": card["index"],
-            "port": port,
-            "url": "http://{}:{}".format(client_host, port),
-            "unit": "vllm@{}".format(card["index"]),
-            "container": "vllm-{}".format(card["index"]),
-            "pci_bus": card.get("pci_bus"),
-            "card_node": card.get("card_node"),
-            "render_node": card.get("render_node"),
-            "numa_node": card.get("numa_node"),
-            "cpus": cpulists.get(card.get("numa_node"), "") if card.get("numa_node") is not None else "",
-            "internal_port": int(internal_port_base) + card["index"] * int(internal_port_stride),
-            "model": model,
-            "max_num_seqs": int(max_num_seqs),
-            "max_model_len": int(max_model_len),
-            "max_images": max_images,
-        })
-    return instances
-
-
-def env_file_problems(env):
-    """What keeps `env` ({name: value}) from being written as a systemd EnvironmentFile, one line each."""
-    problems = []
-    for name, value in sorted((env or {}).items()):
-        if not _ENV_NAME.match(str(name)):
-            problems.append("{!r} is not an environment variable name".format(name))
-        text = str(value)
-        if any(char in text for char in "\n\r\\\"'"):
-            problems.append("{}'s value must be plain text without quotes, backslashes or line breaks".format(name))
-    return problems
+from ansible_collections.dcu.serving.plugins.plugin_utils.dtk_check import dtk_driver_check
 
 
 def vllm_device_nodes(stat_lines):
@@ -85,7 +32,7 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
                      container_options=(), hyhal_dir="/opt/hyhal", dtk_dir=""):
     """Each instance's `docker run` options: {instance name: [option, ...]}.
 
-    instances: vllm_services (or vllm_instances); nodes: vllm_device_nodes. Every container gets /dev/kfd (and
+    instances: vllm_services; nodes: {path: {gid, group}} (dcu_facts' device_nodes). Every container gets /dev/kfd (and
     /dev/mkfd where the host has it), the device nodes' groups by gid except root's (the image's user is not
     in the host's groups by name), and the names of its environment (the instance's `env`, or `env` given
     here; VLLM_PORT always), sorted without regard to case. device_isolation `card` passes only the
@@ -189,31 +136,3 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
             if problem:
                 problems.append("{}: {}".format(who, problem))
     return problems
-
-
-def proxy_backends(instances):
-    """dcu-proxy's `backends` in the model-services form: one entry per instance, {url, models, kind,
-    concurrency (its --max-num-seqs), max_model_len}, in instance order (docs/proxy.md)."""
-    backends = []
-    for instance in instances or []:
-        entry = {"url": instance["url"], "models": list(instance.get("models") or [instance.get("model")]),
-                 "kind": instance.get("kind") or "chat"}
-        if instance.get("max_num_seqs"):
-            entry["concurrency"] = int(instance["max_num_seqs"])
-        if instance.get("max_model_len"):
-            entry["max_model_len"] = int(instance["max_model_len"])
-        backends.append(entry)
-    return backends
-
-
-class FilterModule(object):
-    def filters(self):
-        return {
-            "vllm_instances": vllm_instances,
-            "vllm_device_nodes": vllm_device_nodes,
-            "vllm_run_options": vllm_run_options,
-            "env_file_problems": env_file_problems,
-            "vllm_images": vllm_images,
-            "proxy_backends": proxy_backends,
-            "vllm_image_problems": vllm_image_problems,
-        }

@@ -82,8 +82,3 @@ def dtk_driver_row(dtk):
     if entry is None:
         return {}
     return dict(entry, source=dtk_driver.SOURCE, snapshot=dtk_driver.SNAPSHOT)
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"dtk_driver_check": dtk_driver_check, "dtk_driver_row": dtk_driver_row}

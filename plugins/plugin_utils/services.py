@@ -3,10 +3,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, each
 on the cards it is given) expanded into vLLM instances with their `vllm serve` arguments; the refusals that
-must come before anything starts (cards, ports, names, NUMA); the checks against each model's config.json
-(tensor parallel vs attention heads, context length); and the VRAM budget per card.
+must come before anything starts (cards, ports, names, NUMA); the environment the instances' env files carry.
+(Each model's config.json and the VRAM budget per card: vram.py; the containers' options: containers.py.)
 
-vllm_services() is the one list the units, the proxy's pools and the checks derive from. The default
+vllm_services() is the one list of a host's vLLM instances: the units, the proxy's pools and the checks derive
+from it (vllm_instances, deprecated, is the default layout's view of the same list). The default
 layout (one service named "" over every card, one replica per card) keeps today's names: instances "0".."7",
 units vllm@0..vllm@7, ports base_port + card, the same `vllm serve` arguments.
 """
@@ -16,12 +17,12 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.vllm import env_file_problems
-
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
 RUNTIMES = ("host", "bundled")
 _NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 _WORD = re.compile(r"^\S+$")
+# Names an environment variable may have (POSIX portable set).
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Card series joined by PCIe only, without HLink (xGMI-like) bridges. Tensor parallel over them must not use
 # vLLM's custom all-reduce: on Hygon PCIe cards it can hard-lock the host on the first request, and
@@ -39,6 +40,18 @@ HLINK_SERIES = frozenset(["BW1000", "BW1100"])
 # service whose image runs vLLM < 0.10.1.
 _DEFAULT_RUNNER = {"embedding": "pooling", "rerank": "pooling"}
 _CHAT_KINDS = ("chat", "vision")
+
+
+def env_file_problems(env):
+    """What keeps `env` ({name: value}) from being written as a systemd EnvironmentFile, one line each."""
+    problems = []
+    for name, value in sorted((env or {}).items()):
+        if not _ENV_NAME.match(str(name)):
+            problems.append("{!r} is not an environment variable name".format(name))
+        text = str(value)
+        if any(char in text for char in "\n\r\\\"'"):
+            problems.append("{}'s value must be plain text without quotes, backslashes or line breaks".format(name))
+    return problems
 
 
 def _label(service):
@@ -446,9 +459,32 @@ def vllm_services(services, cards, defaults=None):
     return instances
 
 
-class FilterModule(object):
-    def filters(self):
-        return {
-            "vllm_services": vllm_services,
-            "vllm_service_problems": vllm_service_problems,
-        }
+# What vllm_instances (deprecated) returned per instance: the default layout's keys before services existed.
+LEGACY_INSTANCE_KEYS = ("card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
+                        "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len", "max_images")
+
+
+def default_layout(cards, wanted=None, model="", model_dir=""):
+    """The default layout as a service list: one service named "" serving `model` on every wanted card (all
+    cards when none is named), one replica per card, so its instances are named by their card (vllm@0..)."""
+    indexes = [int(i) for i in wanted or []] or [int(c["index"]) for c in cards or []]
+    return [{"name": "", "kind": "vision", "models": [model] if model else [], "model_dir": model_dir,
+             "cards": indexes, "replicas": len(indexes)}]
+
+
+def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", cpulists=None, model="",
+                   max_num_seqs=0, max_model_len=0, max_images=None, internal_port_base=20000,
+                   internal_port_stride=100):
+    """Deprecated (use vllm_services): the default layout's instances, as the filter of that name returned them
+    before model services existed - worked out by vllm_services, so there is one list of instances."""
+    if not model:
+        raise AnsibleFilterError("vllm_instances (deprecated, use vllm_services): give model, the served model name")
+    defaults = {"base_port": base_port, "client_host": client_host, "cpulists": cpulists or {},
+                "internal_port_base": internal_port_base, "internal_port_stride": internal_port_stride,
+                "max_num_seqs": max_num_seqs or None, "max_model_len": max_model_len or None,
+                "limit_mm_per_prompt": {"image": max_images} if max_images is not None else {}}
+    instances = vllm_services(default_layout(cards, wanted, model, "/"), cards, defaults)
+    legacy = [dict((key, instance.get(key)) for key in LEGACY_INSTANCE_KEYS) for instance in instances]
+    for instance in legacy:  # 0 where unset, as before
+        instance.update(max_num_seqs=instance["max_num_seqs"] or 0, max_model_len=instance["max_model_len"] or 0)
+    return legacy

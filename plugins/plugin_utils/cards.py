@@ -1,7 +1,7 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Filters over dcu_facts' view of the cards: whether a host's cards match the inventory, said so that an
+"""dcu_facts' view of the cards: whether a host's cards match the inventory, said so that an
 operator can act on it (every card with its PCI address, bound driver and DRM nodes, and the fix)."""
 
 
@@ -53,8 +53,3 @@ def dcu_card_problem(facts, expected=0, wanted=None, variable="the inventory"):
         "; ".join(lines) if lines else "no DCU device on the PCI bus", fix,
         " ({} other vendor 0x1d94 PCI functions, the CPUs' and switches', are not cards.)".format(ignored)
         if ignored else "")
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"dcu_card_problem": dcu_card_problem}
