@@ -164,6 +164,12 @@ ansible_facts:
             fix when known) and where hy-smi and sysfs disagree.
           type: list
           elements: str
+    dcu_host:
+      description:
+        - With O(host_facts), systemd's and the container engine's versions, parsed - as
+          M(dcu.serving.host_probe) returns them.
+      returned: with O(host_facts)
+      type: dict
 probe:
   description: What O(stat), O(read) and O(commands) asked for.
   returned: always
