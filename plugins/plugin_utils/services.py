@@ -18,7 +18,9 @@ import re
 from ansible.errors import AnsibleFilterError
 
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
-RUNTIMES = ("host", "bundled")
+# What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
+# mounted (the default); `host` - the host's DTK mounted over the image's too; `bundled` - nothing of the host's.
+RUNTIMES = ("image", "host", "bundled")
 _NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 _WORD = re.compile(r"^\S+$")
 # Names an environment variable may have (POSIX portable set).
@@ -186,10 +188,11 @@ def _service_spec(service, defaults, label, problems):
                         "host), got {!r}".format(label, model_dir))
     spec["model_dir"] = model_dir
     spec["image"] = _pick(service, defaults, "image", "")
-    spec["runtime"] = _pick(service, defaults, "runtime", "host")
+    spec["runtime"] = _pick(service, defaults, "runtime", "image")
     if spec["runtime"] not in RUNTIMES:
-        problems.append("{}: runtime {!r} is not host (the image uses the host's hyhal/DTK, mounted read-only) "
-                        "or bundled (the image carries its own runtime)".format(label, spec["runtime"]))
+        problems.append("{}: runtime {!r} is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+                        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own "
+                        "runtime)".format(label, spec["runtime"]))
     spec["max_model_len"] = _as_int(_pick(service, defaults, "max_model_len"), "max_model_len", problems, label)
     spec["max_num_seqs"] = _as_int(_pick(service, defaults, "max_num_seqs"), "max_num_seqs", problems, label)
     utilization = _pick(service, defaults, "gpu_memory_utilization")

@@ -43,7 +43,7 @@ def test_the_platform_layout():
     assert chat["card_nodes"] == ["/dev/dri/card1", "/dev/dri/card2"]
     assert chat["pci_buses"] == ["0000:05:00.0", "0000:2b:00.0"]
     assert chat["numa_node"] == 0 and chat["visible_devices"] == "0,1" and chat["interconnect"] == "pcie"
-    assert chat["env"] == DEFAULTS["env"] and chat["start_grace"] == 900 and chat["runtime"] == "host"
+    assert chat["env"] == DEFAULTS["env"] and chat["start_grace"] == 900 and chat["runtime"] == "image"
     assert instances[4]["numa_node"] == 1
 
 
@@ -216,8 +216,8 @@ def test_settings_are_checked_per_service():
         "service chat: max_num_seqs must be at least 1, got 0",
         "service chat: gpu_memory_utilization is the fraction of each card's VRAM vLLM may use, above 0 and at "
         "most 1 (e.g. 0.9), got 1.5",
-        "service vision: runtime 'docker' is not host (the image uses the host's hyhal/DTK, mounted read-only) or "
-        "bundled (the image carries its own runtime)",
+        "service vision: runtime 'docker' is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own runtime)",
         "service vision: env: 'BAD-NAME' is not an environment variable name",
         "service embed: task is the older spelling of runner/convert (vLLM < 0.10.1); set one or the other",
         "service rerank: extra_args must be a list of arguments, one per item, got '--enable-prefix-caching'"]
