@@ -39,15 +39,28 @@ SERIES_BY_DEVICE = {
     "0x6211": "K100_AI_ECO",
 }
 
-# Form factor by device id: OAM modules (BW1100; BW1000) talk over HyLink, PCIe cards over PCIe P2P, which needs
-# IOMMU pass-through, ACS off and HSA_FORCE_FINE_GRAIN_PCIE=1 for RCCL (docs/field-evidence.md K1, K2). 0x6320 is
-# both BW1000 (OAM) and BW150 (PCIe): it counts as PCIe, the side whose settings are harmless on the other.
-OAM_DEVICE_IDS = ("0x6430",)
+# Card series joined by PCIe only, without HLink (xGMI-like) bridges: K100, K100_AI, Z100, Z100L and BW10/BW100/BW150
+# are PCIe cards (tensor parallel over them needs IOMMU pass-through, ACS off, HSA_FORCE_FINE_GRAIN_PCIE=1 and no
+# custom all-reduce: docs/field-evidence.md K1, K2); BW1000 and BW1100 are OAM modules on HLink (installer log
+# "Selected hlink type: OAM_7HSW_8HCU"). Used by the services (plugin_utils/services.py) and dcu-doctor.
+PCIE_ONLY_SERIES = frozenset(["K100", "K100_AI", "K100_AI_ECO", "Z100", "Z100L", "BW10", "BW100", "BW150"])
+HLINK_SERIES = frozenset(["BW1000", "BW1100"])
 
 
-def is_pcie(device_id):
-    """True for a card on PCIe P2P (every DCU but the OAM modules)."""
-    return (device_id or "").lower() not in OAM_DEVICE_IDS
+def series_key(series):
+    """'K100-AI' and 'k100 ai' -> 'K100_AI': series names as the sets above spell them."""
+    return re.sub(r"[-\s]+", "_", str(series or "").strip().upper())
+
+
+def interconnect(series_list):
+    """'hlink' when every card is an HLink (OAM) series, 'pcie' when one is PCIe-only, else 'unknown' (hy-smi says
+    only 'BW' on some boxes: treat as PCIe, whose settings are harmless on HLink)."""
+    keys = [series_key(s) for s in series_list]
+    if keys and all(k in HLINK_SERIES for k in keys):
+        return "hlink"
+    if any(k in PCIE_ONLY_SERIES for k in keys):
+        return "pcie"
+    return "unknown"
 
 
 # Kernel module names: hydcu for drivers up to 6.2, hycu from 6.3 on.

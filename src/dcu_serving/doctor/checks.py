@@ -556,7 +556,8 @@ def kernel(host: Host) -> list:
     findings = []
     units = [i.unit for i in host.instances() if _tensor_parallel(i) > 1]
     spread = _short(units)
-    over_pcie = bool(units) and any(hysmi.is_pcie(card.get("device_id")) for card in cards)
+    series = [hysmi.SERIES_BY_DEVICE.get(card.get("device_id")) for card in cards]
+    over_pcie = bool(units) and hysmi.interconnect(series) != "hlink"
     if over_pcie:
         cmdline = host.read(host.path("proc", "cmdline")) or ""
         if not re.search(r"(?:^|\s)(?:iommu=pt|iommu=off|amd_iommu=off|intel_iommu=off)(?:\s|$)", cmdline):
@@ -570,7 +571,7 @@ def kernel(host: Host) -> list:
                 "kernel", WARN, f"NUMA auto balancing is on while {spread} run tensor parallel: RCCL warns and "
                 "throughput fluctuates",
                 "sysctl -w kernel.numa_balancing=0, and keep it (dcu_driver_sysctl: {kernel.numa_balancing: 0})"))
-    bw = any((hysmi.SERIES_BY_DEVICE.get(card.get("device_id")) or "").startswith("BW") for card in cards)
+    bw = any(hysmi.series_key(name).startswith("BW") for name in series)
     count = (host.read(host.path("proc", "sys", "vm", "max_map_count")) or "").strip()
     if bw and count.isdigit() and int(count) < 262144:
         findings.append(Finding(
