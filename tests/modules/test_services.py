@@ -3,25 +3,11 @@ arguments, and every refusal before anything starts - each naming the service an
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from ansible.errors import AnsibleFilterError
-from modules.services_host import CARDS, DEFAULTS, SERVICES
+from modules.services_host import CARDS, DEFAULTS, SERVICES, by_name, services
 
 from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_service_problems, vllm_services
-
-
-def services(**changes):
-    """SERVICES with per-service changes: services(chat={"cards": [0, 1, 2]})."""
-    result = copy.deepcopy(SERVICES)
-    for service in result:
-        service.update(changes.get(service["name"], {}))
-    return result
-
-
-def by_name(instances):
-    return {i["name"]: i for i in instances}
 
 
 def test_the_platform_layout():
