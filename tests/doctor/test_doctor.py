@@ -297,8 +297,9 @@ def test_a_blacklisted_driver_without_the_boot_unit_will_not_come_back_after_a_r
     (units / "multi-user.target.wants").mkdir(parents=True)
     (units / "dcu-driver.service").write_text("[Service]\nExecStart=/opt/hyhal/bin/hy-smi --loaddriver\n")
     (units / "multi-user.target.wants" / "dcu-driver.service").symlink_to("../dcu-driver.service")
-    rc, findings = dcu_host.findings()
-    assert of(findings, "boot")[0]["status"] == "ok" and "dcu-driver.service loads it" in of(findings, "boot")[0]["message"]
+    _rc, findings = dcu_host.findings()
+    [boot] = of(findings, "boot")
+    assert boot["status"] == "ok" and "dcu-driver.service loads it" in boot["message"]
 
 
 def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(dcu_host: DoctorHost):
@@ -320,7 +321,7 @@ def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(d
     unit.write_text(unit.read_text().replace(" --pull=never", ""))
     dcu_host.stubs["engine"] = "18.09.0"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     assert of(findings, "engine")[0]["message"] == "docker 18.09.0 runs vllm@.service"
 
 

@@ -23,7 +23,6 @@ illustrative. The files are sparse (os.truncate): a "30 GB" model costs nothing.
 from __future__ import annotations
 
 import copy
-
 import json
 import os
 from pathlib import Path
