@@ -308,13 +308,13 @@ def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(d
     unit.write_text(unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
     dcu_host.stubs["engine"] = "18.09.0"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     [found] = of(findings, "engine", "fail")
     assert found["message"] == ("docker 18.09.0 does not know --pull, which vllm@.service pass: their containers "
                                 "cannot start")
     dcu_host.stubs["engine"] = "1.13.1"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     [found] = of(findings, "engine", "fail")
     assert "docker 1.13.1 is older than the oldest engine supported (18.09)" in found["message"]
     assert "docker-engine 18.09" in found["fix"]
