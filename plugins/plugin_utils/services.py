@@ -17,7 +17,7 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+from ansible_collections.dcu.serving.plugins.module_utils import host_kernel, hysmi
 from ansible_collections.dcu.serving.plugins.plugin_utils import quirks
 
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
@@ -501,3 +501,14 @@ def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", 
     for instance in legacy:  # 0 where unset, as before
         instance.update(max_num_seqs=instance["max_num_seqs"] or 0, max_model_len=instance["max_model_len"] or 0)
     return legacy
+
+
+def vllm_kernel_advice(instances, cmdline=None, numa_balancing=None):
+    """What the instances that run tensor parallel over PCIe cards need from the kernel and do not get (iommu=pt,
+    NUMA balancing off), one line each with the fix; [] when nothing is missing or nothing needs it. A warning,
+    not a refusal: RCCL runs without them, slower and less steadily (docs/field-evidence.md K1)."""
+    units = [i["unit"] for i in instances or [] if i.get("tensor_parallel", 1) > 1 and i.get("interconnect") != "hlink"]
+    if not units:
+        return []
+    return ["{} run tensor parallel over PCIe, and {}. Fix: {}".format(", ".join(units), what, fix)
+            for what, fix in host_kernel.tensor_parallel_problems(cmdline, numa_balancing)]
