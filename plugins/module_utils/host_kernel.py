@@ -4,7 +4,7 @@
 """What DCU cards need from the host's kernel, said once for dcu_vllm's preflight and dcu-doctor (symlinked into
 src/dcu_serving/). Tensor parallel over PCIe cards: RCCL warns without iommu=pt on the kernel command line and with
 NUMA auto balancing on, and Hygon's guide turns IOMMU and ACS off for PCIe cards (docs/field-evidence.md K1); BW
-hosts need vm.max_map_count of at least 262144 (O12). Python 2.7/3.6 compatible: it runs on old targets."""
+hosts need vm.max_map_count of at least 262144 (O13). Python 2.7/3.6 compatible: it runs on old targets."""
 
 import re
 

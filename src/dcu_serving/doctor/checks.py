@@ -551,7 +551,7 @@ def _tensor_parallel(instance) -> int:
 
 
 def kernel(host: Host) -> list:
-    """What tensor parallelism over PCIe and BW cards need from the kernel (docs/field-evidence.md K1, O12)."""
+    """What tensor parallelism over PCIe and BW cards need from the kernel (docs/field-evidence.md K1, O13)."""
     cards = host.facts.get("cards") or []
     series = [hysmi.SERIES_BY_DEVICE.get(card.get("device_id")) for card in cards]
     units = [i.unit for i in host.instances() if _tensor_parallel(i) > 1]
