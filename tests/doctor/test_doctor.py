@@ -305,7 +305,8 @@ def test_a_blacklisted_driver_without_the_boot_unit_will_not_come_back_after_a_r
 def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(dcu_host: DoctorHost):
     dcu_host.with_instances()
     unit = dcu_host.etc / "systemd" / "system" / "vllm@.service"
-    unit.write_text(unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
+    unit.write_text("# --pull=never only from Docker 20.10 on (a comment names it: not a flag)\n"
+                    + unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
     dcu_host.stubs["engine"] = "18.09.0"
     dcu_host.save()
     _rc, findings = dcu_host.findings()

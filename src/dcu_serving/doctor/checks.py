@@ -486,7 +486,9 @@ def _container_units(host: Host) -> dict:
     found = {}
     for name, path in (("vllm@.service", VLLM_UNIT), ("dcu-proxy.service", PROXY_UNIT),
                        ("dcu-exporter.service", EXPORTER_UNIT)):
-        text = host.read(host.path("etc", path)) or ""
+        # The unit's directives only: its comments may name flags it does not pass.
+        text = "\n".join(line for line in (host.read(host.path("etc", path)) or "").splitlines()
+                         if not line.lstrip().startswith(("#", ";")))
         if re.search(r"\bdocker\b.*\brun\b", text):
             found[name] = text
     return found
