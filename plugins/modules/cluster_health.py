@@ -47,9 +47,16 @@ seealso:
     description: The cards whose vLLM instances this module checks.
 options:
   url:
-    description: Base URL of dcu-proxy, C(http://) or C(https://) with a host and an optional port.
+    description:
+      - Base URL of dcu-proxy, C(http://) or C(https://) with a host and an optional port - where role C(dcu_proxy)
+        says it answers (its export C(dcu_proxy_url)).
     type: str
     default: http://127.0.0.1:8000
+  url_source:
+    description:
+      - Where O(url) came from, said with it when the proxy cannot be reached there, for example
+        C(dcu_proxy_listen 0.0.0.0:9000 (dcu.serving.dcu_proxy's dcu_proxy_url)) - its export C(dcu_proxy_url_source).
+    type: str
   expected:
     description:
       - How many backends must be healthy. Defaults to the number of backends the proxy knows.
@@ -403,6 +410,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", default="http://127.0.0.1:8000"),
+            url_source=dict(type="str"),
             expected=dict(type="int"),
             timeout=dict(type="float", default=300),
             interval=dict(type="float", default=2),
