@@ -15,6 +15,8 @@ import os
 import re
 import stat as stat_module
 
+from ansible_collections.dcu.serving.plugins.module_utils import container_engine
+
 # The options, in AnsibleModule's argument_spec form.
 ARGUMENT_SPEC = {
     "stat": {"type": "list", "elements": "path", "default": []},
@@ -27,9 +29,6 @@ ARGUMENT_SPEC = {
 
 # `systemctl --version`'s first line: "systemd 219", "systemd 252 (252.36-1~deb12u1)".
 _SYSTEMD = re.compile(r"^systemd\s+(\d+)")
-# A container engine's version as engines of every age print it: 24.0.7, 20.10.21, 18.09.0, 17.03.2-ce,
-# 1.13.1 (EL7's docker), 4.9.4 (podman's docker); the numbers before anything else.
-_ENGINE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 # The engine's server version: what the daemon that runs the containers is, not the client.
 ENGINE_VERSION_FORMAT = "{{.Server.Version}}"
 
@@ -108,23 +107,31 @@ def engine_version(text):
     """{version, version_tuple} of a container engine from its version text: '18.09.0' -> '18.9.0', [18, 9, 0]
     (leading zeros dropped, so both compare as versions and as lists); None when no version is in it."""
     lines = (text or "").strip().splitlines()
-    match = _ENGINE.match(lines[0].strip()) if lines else None
-    if not match:
+    parts = container_engine.parse_version(lines[0]) if lines else None
+    if not parts:
         return None
-    parts = [int(group) for group in match.groups(default="0")]
-    return {"version": ".".join(str(part) for part in parts), "version_tuple": parts}
+    return {"version": ".".join(str(part) for part in parts), "version_tuple": list(parts)}
+
+
+def selinux_mode(done):
+    """'enforcing', 'permissive' or 'disabled' from `getenforce` (libselinux-utils, on every EL and Kylin host
+    with SELinux); a host without the command has no SELinux (Debian, Ubuntu)."""
+    word = done["stdout"].strip().lower() if done["rc"] == 0 else ""
+    return word if word in ("enforcing", "permissive") else "disabled"
 
 
 def host_facts(module, engine="docker"):
-    """ansible_facts.dcu_host: systemd's version and the container engine's, parsed; what could not be read
-    is null, with the reason (no engine at all is an answer, not a failure)."""
+    """ansible_facts.dcu_host: systemd's version and the container engine's, parsed, and SELinux's mode; what
+    could not be read is null, with the reason (no engine at all is an answer, not a failure)."""
     done = run_commands(module, {"systemd": ["systemctl", "--version"],
-                                 "engine": [engine, "version", "--format", ENGINE_VERSION_FORMAT]})
+                                 "engine": [engine, "version", "--format", ENGINE_VERSION_FORMAT],
+                                 "selinux": ["getenforce"]})
     systemd, answer = done["systemd"], done["engine"]
     version = systemd_version(systemd["stdout"]) if systemd["rc"] == 0 else None
     found = engine_version(answer["stdout"]) if answer["rc"] == 0 else None
     why = (answer["stderr"] or answer["stdout"]).strip() or "exit code {}".format(answer["rc"])
     return {
+        "selinux": selinux_mode(done["selinux"]),
         "systemd_version": version,
         "systemd_error": None if version is not None else (
             (systemd["stderr"] or systemd["stdout"]).strip() or "exit code {}".format(systemd["rc"])),

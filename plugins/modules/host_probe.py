@@ -68,10 +68,12 @@ ansible_facts:
         - C(systemd_version) (a number; null with C(systemd_error) when systemctl did not answer), and C(engine) - the
           container engine's C(name), C(present) (false when it is not installed), C(version) (leading zeros dropped -
           C(18.09.0) reads C(18.9.0); C(1.13.1) of EL7's docker as it is), C(version_tuple), C(raw) (what it printed)
-          and C(error) (why there is no version, for example the daemon not answering).
+          and C(error) (why there is no version, for example the daemon not answering); C(selinux) (V(enforcing),
+          V(permissive) or V(disabled)).
       returned: with O(host_facts)
       type: dict
-      sample: {"systemd_version": 252, "systemd_error": null, "engine": {"name": "docker", "present": true,
+      sample: {"selinux": "disabled", "systemd_version": 252, "systemd_error": null,
+               "engine": {"name": "docker", "present": true,
                "version": "20.10.24", "version_tuple": [20, 10, 24], "raw": "20.10.24+dfsg1", "error": null}}
 probe:
   description: What O(stat), O(read) and O(commands) asked for.

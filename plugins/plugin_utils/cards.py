@@ -34,11 +34,12 @@ def dcu_card_problem(facts, expected=0, wanted=None, variable="the inventory"):
         problem = "the host shows {} DCU card{}, {} expects {}".format(
             len(cards), "" if len(cards) == 1 else "s", variable, expected)
     lines = [_card_line(card) for card in cards]
-    lines += ["not bound: " + device.get("summary", device.get("pci_bus", "?")) for device in unbound]
+    lines += ["not up: " + device.get("summary", device.get("pci_bus", "?")) for device in unbound]
     if unbound:
-        fix = ("a DCU the driver did not bind has no driver and no DRM nodes: check that the driver is loaded "
-               "(lsmod | grep -E 'hycu|hydcu'; hy-smi --loaddriver) and its messages (dmesg | grep -iE 'hycu|hydcu'); "
-               "a card that stays unbound is faulty or needs its vbios updated")
+        fix = ("a DCU without DRM nodes is not usable: with driver none, the driver is not loaded (lsmod | grep -E "
+               "'hycu|hydcu'; hy-smi --loaddriver); with the driver bound, it could not bring the card up, which a "
+               "driver/vbios mismatch does (dcu_driver_update_vbios, then a reboot); read dmesg | grep -iE "
+               "'hycu|hydcu'; a card that stays down is faulty")
     elif not cards:
         fix = ("install and load the driver first (ansible-playbook dcu.serving.drivers -i <inventory>), "
                "then check /opt/hyhal/bin/hy-smi")

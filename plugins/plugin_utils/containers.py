@@ -37,10 +37,11 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     in the host's groups by name), and the names of its environment (the instance's `env`, or `env` given
     here; VLLM_PORT always), sorted without regard to case. device_isolation `card` passes only the
     instance's cards' card and render nodes (inside they become devices 0..N-1); `visible_devices` passes
-    /dev/dri and HIP_VISIBLE_DEVICES. The model directory is mounted read-only; runtime `host` (the image uses
-    the host's user-space runtime) also mounts hyhal at /opt/hyhal (where images look for it, whatever the
-    host calls it) and the host's DTK, read-only; runtime `bundled` mounts nothing of the host's. numa_pinning
-    pins an instance to its NUMA node's CPUs and memory when its CPU list is known. container_options come last.
+    /dev/dri and HIP_VISIBLE_DEVICES. The model directory is mounted read-only. Runtime `image` (Hygon's recipe: the
+    image's own DTK, the host's hyhal) mounts hyhal at /opt/hyhal (where images look for it, whatever the host
+    calls it), read-only; runtime `host` also mounts the host's DTK over the image's; runtime `bundled` mounts
+    nothing of the host's. numa_pinning pins an instance to its NUMA node's CPUs and memory when its CPU list is
+    known. container_options come last.
     """
     if device_isolation not in ("card", "visible_devices"):
         raise AnsibleFilterError("vllm_run_options: device_isolation must be card or visible_devices, got {!r}".format(
@@ -61,10 +62,11 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
         mounts = []
         if instance.get("model_dir"):
             mounts.append("--volume={0}:{0}:ro".format(instance["model_dir"]))
-        if instance.get("runtime", "host") == "host":
+        runtime = instance.get("runtime", "image")
+        if runtime in ("image", "host"):
             mounts.append("--volume={}:/opt/hyhal:ro".format(hyhal_dir))
-            if dtk_dir:
-                mounts.append("--volume={}:/opt/dtk:ro".format(dtk_dir))
+        if runtime == "host" and dtk_dir:
+            mounts.append("--volume={}:/opt/dtk:ro".format(dtk_dir))
         numa = []
         if numa_pinning and instance.get("cpus") and instance.get("numa_node") is not None:
             numa = ["--cpuset-cpus={}".format(instance["cpus"]), "--cpuset-mems={}".format(instance["numa_node"])]
@@ -75,14 +77,25 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
 
 
 _DTK_TAG = re.compile(r"dtk[-_]?(\d{2})\.?(\d{2}(?:\.\d+)?)", re.IGNORECASE)
+# Hygon's vLLM images carry the vLLM version first in their tag: vllm:0.9.2-ubuntu22.04-dtk26.04-py3.10.
+_VLLM_TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?)(?:$|[-_+])")
+# What each runtime takes from the host (docs/services.md, Runtimes; docs/field-evidence.md C8).
+RUNTIME_MOUNTS = {"image": "the host's hyhal (the image's own DTK)", "host": "the host's hyhal and DTK",
+                  "bundled": "nothing of the host's"}
+
+
+def _image_tag(ref):
+    name = str(ref).rsplit("/", 1)[-1]
+    return name.split(":", 1) if ":" in name else (name, "")
 
 
 def vllm_images(inspect_results):
-    """{image ref: {id, dtk, runtime}} from a loop of `docker image inspect REF` (registered results).
+    """{image ref: {id, dtk, runtime, vllm, dtk_env}} from a loop of `docker image inspect REF` (registered results).
 
-    The DTK an image was built on and the runtime it expects come from its labels dcu-serving.dtk and
-    dcu-serving.runtime (host: uses the host's hyhal/DTK; bundled: carries its own), else the DTK from the
-    reference's tag as Hygon names images (...-dtk26.04-py3.10, ...-dtk2604-...); '' where unknown.
+    The DTK an image was built on, the runtime it expects and its vLLM version come from its labels dcu-serving.dtk,
+    dcu-serving.runtime and dcu-serving.vllm, else from the reference's tag as Hygon names images
+    (vllm:0.9.2-ubuntu22.04-dtk26.04-py3.10, ...-dtk2604-...); '' where unknown. dtk_env says whether the image's
+    ENV holds the DTK's environment (ROCM_PATH): `image`, else `source` (the unit sources /opt/dtk/env.sh first).
     """
     images = {}
     for result in inspect_results or []:
@@ -93,12 +106,17 @@ def vllm_images(inspect_results):
                 found = (json.loads(result.get("stdout") or "[]") or [{}])[0]
             except ValueError:
                 found = {}
-        labels = (found.get("Config") or {}).get("Labels") or {}
-        tag = _DTK_TAG.search(str(ref).rsplit("/", 1)[-1].split(":", 1)[-1] if ":" in str(ref) else "")
+        config = found.get("Config") or {}
+        labels = config.get("Labels") or {}
+        repository, tag = _image_tag(ref)
+        dtk = _DTK_TAG.search(tag)
+        vllm = _VLLM_TAG.match(tag) if "vllm" in repository.lower() else None
         images[ref] = {
             "id": found.get("Id") or "unknown (not loaded yet)",
-            "dtk": labels.get("dcu-serving.dtk") or ("{}.{}".format(tag.group(1), tag.group(2)) if tag else ""),
+            "dtk": labels.get("dcu-serving.dtk") or ("{}.{}".format(dtk.group(1), dtk.group(2)) if dtk else ""),
             "runtime": labels.get("dcu-serving.runtime") or "",
+            "vllm": labels.get("dcu-serving.vllm") or (vllm.group(1) if vllm else ""),
+            "dtk_env": "image" if any(str(e).startswith("ROCM_PATH=") for e in config.get("Env") or []) else "source",
         }
     return images
 
@@ -106,10 +124,10 @@ def vllm_images(inspect_results):
 def vllm_image_problems(instances, images, driver_version, dtk_version, check_dtk=True):
     """What keeps each service's image from running on this host, once per service; [] when nothing does.
 
-    An image that states its runtime must run as it says: a `bundled` image run as `host` would get the host's
-    hyhal and DTK mounted over its own runtime, a `host` image run as `bundled` would have no hyhal. An
-    image's DTK must go with the host's driver (the published DTK <-> driver table), and a `host` image's DTK
-    with the host's DTK (filter dtk_driver_check).
+    An image that states its runtime (label dcu-serving.runtime) must run as it says: a `bundled` image run as
+    `image` or `host` would get the host's hyhal mounted over its own, an `image` or `host` image run as `bundled`
+    would have no hyhal. An image's DTK must go with the host's driver (the published DTK <-> driver table), and a
+    `host` image's DTK with the host's DTK (filter dtk_driver_check).
     """
     problems, seen = [], set()
     for instance in instances or []:
@@ -119,16 +137,13 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
         seen.add(key)
         image = (images or {}).get(instance.get("image")) or {}
         who = "service {} (image {})".format(instance.get("service") or instance.get("model"), instance.get("image"))
-        runtime = instance.get("runtime", "host")
+        runtime = instance.get("runtime", "image")
         stated = image.get("runtime")
-        if stated and stated != runtime:
-            if stated == "bundled":
-                problems.append("{}: the image carries its own runtime (label dcu-serving.runtime=bundled) but the "
-                                "service runs it as host, which mounts the host's hyhal and DTK over it. Fix: set "
-                                "runtime: bundled for this service".format(who))
-            else:
-                problems.append("{}: the image uses the host's runtime (label dcu-serving.runtime=host) but the "
-                                "service runs it as bundled, which mounts no hyhal. Fix: set runtime: host".format(who))
+        if stated and stated != runtime and stated in RUNTIME_MOUNTS:
+            problems.append("{}: the image is built to run with {} (label dcu-serving.runtime={}), but the service "
+                            "runs it as {}, which mounts {}. Fix: set runtime: {} for this service".format(
+                                who, RUNTIME_MOUNTS[stated], stated, runtime, RUNTIME_MOUNTS.get(runtime, "?"),
+                                stated))
             continue
         if check_dtk and image.get("dtk"):
             problem = dtk_driver_check(image["dtk"], driver_version, dtk_version, image=instance.get("image"),

@@ -17,21 +17,22 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
-RUNTIMES = ("host", "bundled")
+# What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
+# mounted (the default); `host` - the host's DTK mounted over the image's too; `bundled` - nothing of the host's.
+RUNTIMES = ("image", "host", "bundled")
 _NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 _WORD = re.compile(r"^\S+$")
 # Names an environment variable may have (POSIX portable set).
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# Card series joined by PCIe only, without HLink (xGMI-like) bridges. Tensor parallel over them must not use
-# vLLM's custom all-reduce: on Hygon PCIe cards it can hard-lock the host on the first request, and
-# --disable-custom-all-reduce (RCCL/HCCL) is the stable path (HYGON-AI/vllm-plugin-das issue #54, fix PR #55,
-# BW100 TP=2 under DTK 26.04; ROCm/vllm issue #390 for ROCm generally). Form factors: K100, K100_AI, Z100,
-# Z100L and BW10/BW100/BW150 are PCIe cards (IOMMU/ACS must be off for their P2P); BW1000 and BW1100 are
-# OAM modules on HLink (installer log "Selected hlink type: OAM_7HSW_8HCU"; docs/field-evidence.md).
-PCIE_ONLY_SERIES = frozenset(["K100", "K100_AI", "K100_AI_ECO", "Z100", "Z100L", "BW10", "BW100", "BW150"])
-HLINK_SERIES = frozenset(["BW1000", "BW1100"])
+# Tensor parallel over PCIe-only cards (module_utils/hysmi.py interconnect) must not use vLLM's custom all-reduce: on
+# Hygon PCIe cards it can hard-lock the host on the first request, and --disable-custom-all-reduce (RCCL/HCCL) is the
+# stable path (HYGON-AI/vllm-plugin-das issue #54, fix PR #55, BW100 TP=2 under DTK 26.04; ROCm/vllm issue #390);
+# and RCCL's LL protocol hangs over PCIe without HSA_FORCE_FINE_GRAIN_PCIE=1 (docs/field-evidence.md K2).
+PCIE_TP_ENV = {"HSA_FORCE_FINE_GRAIN_PCIE": "1"}
 
 # What each kind adds to `vllm serve` when the service does not say: pooling models run with
 # `--runner pooling` (vLLM >= 0.10.1; --convert stays auto, so a native XLMRobertaModel or
@@ -59,18 +60,9 @@ def _label(service):
     return "the default service" if name == "" else "service {}".format(name if name else "(unnamed)")
 
 
-def _series(card):
-    return re.sub(r"[-\s]+", "_", str(card.get("series") or "").strip().upper())
-
-
 def interconnect(cards):
     """'hlink' when every card is an HLink (OAM) series, 'pcie' when one is PCIe-only, else 'unknown'."""
-    series = [_series(card) for card in cards]
-    if series and all(s in HLINK_SERIES for s in series):
-        return "hlink"
-    if any(s in PCIE_ONLY_SERIES for s in series):
-        return "pcie"
-    return "unknown"
+    return hysmi.interconnect([card.get("series") for card in cards])
 
 
 def _numa(card):
@@ -186,10 +178,11 @@ def _service_spec(service, defaults, label, problems):
                         "host), got {!r}".format(label, model_dir))
     spec["model_dir"] = model_dir
     spec["image"] = _pick(service, defaults, "image", "")
-    spec["runtime"] = _pick(service, defaults, "runtime", "host")
+    spec["runtime"] = _pick(service, defaults, "runtime", "image")
     if spec["runtime"] not in RUNTIMES:
-        problems.append("{}: runtime {!r} is not host (the image uses the host's hyhal/DTK, mounted read-only) "
-                        "or bundled (the image carries its own runtime)".format(label, spec["runtime"]))
+        problems.append("{}: runtime {!r} is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+                        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own "
+                        "runtime)".format(label, spec["runtime"]))
     spec["max_model_len"] = _as_int(_pick(service, defaults, "max_model_len"), "max_model_len", problems, label)
     spec["max_num_seqs"] = _as_int(_pick(service, defaults, "max_num_seqs"), "max_num_seqs", problems, label)
     utilization = _pick(service, defaults, "gpu_memory_utilization")
@@ -409,6 +402,8 @@ def _instance(service, spec, label, name, replica, group, tp, host_cards, base_p
         "internal_port_stride": stride,
         "max_images": limit.get("image") if limit else None,
     })
+    if tp > 1 and link != "hlink":
+        instance["env"] = dict(PCIE_TP_ENV, **instance["env"])  # the service's own env wins
     instance["serve_args"] = _serve_args(instance)
     return instance
 

@@ -127,7 +127,8 @@ def test_runtime_host_mounts_the_hosts_dtk_over_the_images():
     assert dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", "26.04", runtime="host") == ""
     assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="host") == (
         f"image {IMAGE_25041} was built on DTK 25.04.1, but runtime host mounts the host's DTK 26.04 over it. Fix: "
-        "use an image built on DTK 26.04, or set the service's runtime to bundled (the image's own DTK, nothing of "
-        "the host's mounted).")
+        "set the service's runtime to image (the default: the image's own DTK with the host's hyhal, Hygon's "
+        "recipe), or use an image built on DTK 26.04.")
     assert "the host has none" in dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", None, runtime="host")
     assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="bundled") == ""
+    assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="image") == "", "the image's own DTK"

@@ -69,7 +69,7 @@ def test_host_probe_returns_the_parsed_facts_of_an_old_host(module_runner, fake_
     result = module_runner("host_probe", {"host_facts": True, "engine": str(engine), "_ansible_check_mode": True})
     assert not result.get("failed"), result
     assert result["ansible_facts"]["dcu_host"] == {
-        "systemd_version": 219, "systemd_error": None,
+        "selinux": "disabled", "systemd_version": 219, "systemd_error": None,
         "engine": {"name": "docker", "present": True, "version": "1.13.1", "version_tuple": [1, 13, 1],
                    "raw": "1.13.1", "error": None}}
 
@@ -93,3 +93,14 @@ def test_without_host_facts_nothing_is_run(module_runner, fake_path):
     _tool(fake_path, "systemctl", rc=1, err="should not run\n")
     result = module_runner("host_probe", {})
     assert "dcu_host" not in result["ansible_facts"]
+
+
+@pytest.mark.parametrize("out, rc, mode", [("Enforcing\n", 0, "enforcing"), ("Permissive\n", 0, "permissive"),
+                                           ("Disabled\n", 0, "disabled"), (None, None, "disabled")])
+def test_selinux_as_getenforce_says_and_none_without_it(module_runner, fake_path, out, rc, mode):
+    # EL and Kylin hosts carry getenforce (libselinux-utils); Debian and Ubuntu hosts have no SELinux and no command.
+    _tool(fake_path, "systemctl", out="systemd 243\n")
+    if out is not None:
+        _tool(fake_path, "getenforce", out=out, rc=rc)
+    host = module_runner("host_probe", {"host_facts": True, "engine": str(fake_path / "docker")})["ansible_facts"]
+    assert host["dcu_host"]["selinux"] == mode

@@ -43,7 +43,9 @@ def test_the_platform_layout():
     assert chat["card_nodes"] == ["/dev/dri/card1", "/dev/dri/card2"]
     assert chat["pci_buses"] == ["0000:05:00.0", "0000:2b:00.0"]
     assert chat["numa_node"] == 0 and chat["visible_devices"] == "0,1" and chat["interconnect"] == "pcie"
-    assert chat["env"] == DEFAULTS["env"] and chat["start_grace"] == 900 and chat["runtime"] == "host"
+    # TP=2 over PCIe (K100_AI): RCCL's LL protocol hangs without fine-grained PCIe memory (field evidence K2).
+    assert chat["env"] == {**DEFAULTS["env"], "HSA_FORCE_FINE_GRAIN_PCIE": "1"}
+    assert chat["start_grace"] == 900 and chat["runtime"] == "image"
     assert instances[4]["numa_node"] == 1
 
 
@@ -166,6 +168,15 @@ def test_custom_all_reduce_is_disabled_over_pcie(series, disabled):
     (chat,) = [i for i in vllm_services(SERVICES, cards, DEFAULTS) if i["name"] == "chat-0"]
     assert chat["disable_custom_all_reduce"] is disabled
     assert ("--disable-custom-all-reduce" in chat["serve_args"]) is disabled
+    # PCIe (or unknown) links: RCCL gets fine-grained PCIe memory too (HSA_FORCE_FINE_GRAIN_PCIE, K2); HLink not.
+    assert (chat["env"].get("HSA_FORCE_FINE_GRAIN_PCIE") == "1") is disabled
+
+
+def test_a_service_s_own_fine_grain_setting_wins_and_one_card_gets_none():
+    chosen = services(chat={"env": {"HSA_FORCE_FINE_GRAIN_PCIE": "0"}})
+    instances = by_name(vllm_services(chosen, CARDS, DEFAULTS))
+    assert instances["chat-0"]["env"]["HSA_FORCE_FINE_GRAIN_PCIE"] == "0"
+    assert "HSA_FORCE_FINE_GRAIN_PCIE" not in instances["vision-0"]["env"]
 
 
 def test_custom_all_reduce_override_and_never_at_one_card():
@@ -216,8 +227,8 @@ def test_settings_are_checked_per_service():
         "service chat: max_num_seqs must be at least 1, got 0",
         "service chat: gpu_memory_utilization is the fraction of each card's VRAM vLLM may use, above 0 and at "
         "most 1 (e.g. 0.9), got 1.5",
-        "service vision: runtime 'docker' is not host (the image uses the host's hyhal/DTK, mounted read-only) or "
-        "bundled (the image carries its own runtime)",
+        "service vision: runtime 'docker' is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own runtime)",
         "service vision: env: 'BAD-NAME' is not an environment variable name",
         "service embed: task is the older spelling of runner/convert (vLLM < 0.10.1); set one or the other",
         "service rerank: extra_args must be a list of arguments, one per item, got '--enable-prefix-caching'"]
