@@ -13,4 +13,5 @@ class FilterModule(object):
             "bundle_staged": bundle_stage.bundle_staged,
             "bundle_stage_dirs": bundle_stage.bundle_stage_dirs,
             "bundle_unlisted": bundle_stage.bundle_unlisted,
+            "bundle_changes": bundle_stage.bundle_changes,
         }

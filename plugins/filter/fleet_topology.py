@@ -13,4 +13,6 @@ class FilterModule(object):
             "prometheus_targets": topology.prometheus_targets,
             "prometheus_expected_cards": topology.prometheus_expected_cards,
             "gateway_hosts": topology.gateway_hosts,
+            "exporter_card_units": topology.exporter_card_units,
+            "facts_by_host": topology.facts_by_host,
         }

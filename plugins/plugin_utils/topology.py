@@ -27,6 +27,21 @@ def proxy_backends(instances):
     return backends
 
 
+def exporter_card_units(instances):
+    """{"<card index>": unit} over every card of every instance: the exporter labels a card's metrics with the unit
+    of the instance on it (the `unit` label Prometheus gives that instance's own metrics)."""
+    units = {}
+    for instance in instances or []:
+        for card in instance.get("cards") or [instance.get("card")]:
+            units[str(card)] = instance["unit"]
+    return units
+
+
+def facts_by_host(hosts, hostvars, name, missing=None):
+    """{host: hostvars[host][name]} for each host, `missing` where the host has no such fact."""
+    return dict((host, hostvars.get(host, {}).get(name, missing)) for host in hosts or [])
+
+
 def _exported(hostvars, host, name, role, entry):
     """A fact `name` that role `role` exports on `host`, or an error saying how to have it exported."""
     facts = hostvars.get(host, {})
