@@ -205,6 +205,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dcu.serving.plugins.module_utils import host_paths
 from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
 from ansible_collections.dcu.serving.plugins.module_utils.service_request import (
     answer_problem,
@@ -258,8 +259,9 @@ def describe_backend(entry, base_port, model, probe, instance=None):
             info["models"] = names
             missing = [name for name in models if name not in names]
             if missing:
-                info["diagnosis"] = "serves %s, not %s — check /etc/dcu-serving/vllm/%s.env" % (
-                    names or "no models", ", ".join(missing), unit.split("@", 1)[-1])
+                info["diagnosis"] = "serves %s, not %s — check %s/%s.env" % (
+                    names or "no models", ", ".join(missing), host_paths.host_path("vllm_env_dir"),
+                    unit.split("@", 1)[-1])
     if info["diagnosis"] is None and not info["healthy"]:
         info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
     if info["draining"]:
@@ -498,8 +500,8 @@ def main():
             problems.append("%s: %s — journalctl -u %s" % (where, b["diagnosis"], b["unit"]))
     problems.extend("%s still %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting")
     if total < expected:
-        problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
-                        % (total, expected))
+        problems.insert(0, "the proxy knows %d backends, %d expected — check %s" % (
+            total, expected, host_paths.host_path("proxy_config")))
     if healthy < expected or starting or (p["check_backends"] and problems):
         module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
             healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)

@@ -24,6 +24,7 @@ from dcu_serving.doctor.host import (
     DRIVER_BOOT_WANTS,
     EXPORTER_UNIT,
     INSTALL_RECORD,
+    PROXY_CONFIG,
     PROXY_UNIT,
     REBOOT_MARKER,
     VLLM_UNIT,
@@ -340,7 +341,7 @@ def proxy(host: Host) -> list:
     address = _listen_address((config or {}).get("listen"))
     if address is None:
         return [Finding("proxy", SKIP, "dcu-proxy not installed ({} absent)".format(
-            host.path("etc", "dcu-serving/proxy.yml")))]
+            host.path("etc", PROXY_CONFIG)))]
     url = f"http://{addresses.url_host(address[0])}:{address[1]}/__lb_status"
     try:
         with urllib.request.urlopen(url, timeout=min(host.timeout, 5)) as response:
