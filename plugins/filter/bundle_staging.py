@@ -4,6 +4,7 @@
 """Staging an offline bundle on a host (plugin_utils/bundle_stage.py); each filter documented in
 plugins/filter/<name>.yml."""
 
+from ansible_collections.dcu.serving.plugins.module_utils import bundle_index
 from ansible_collections.dcu.serving.plugins.plugin_utils import bundle_stage
 
 
@@ -13,4 +14,6 @@ class FilterModule(object):
             "bundle_staged": bundle_stage.bundle_staged,
             "bundle_stage_dirs": bundle_stage.bundle_stage_dirs,
             "bundle_unlisted": bundle_stage.bundle_unlisted,
+            "bundle_changes": bundle_stage.bundle_changes,
+            "bundle_index_problem": bundle_index.index_problem,
         }

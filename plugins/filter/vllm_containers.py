@@ -14,4 +14,6 @@ class FilterModule(object):
             "vllm_device_nodes": containers.vllm_device_nodes,
             "vllm_images": containers.vllm_images,
             "vllm_image_problems": containers.vllm_image_problems,
+            "vllm_image_inspect_commands": containers.image_inspect_commands,
+            "vllm_image_inspects": containers.image_inspect_results,
         }

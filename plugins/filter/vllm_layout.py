@@ -15,4 +15,5 @@ class FilterModule(object):
             "vllm_instances": services.vllm_instances,
             "env_file_problems": services.env_file_problems,
             "vllm_kernel_advice": services.vllm_kernel_advice,
+            "vllm_served_models": services.served_models,
         }

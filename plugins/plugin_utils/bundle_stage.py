@@ -7,6 +7,7 @@ no longer lists."""
 import posixpath
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.text.formatters import bytes_to_human
 
 # Where a host keeps a large artifact while it arrives (dcu.serving.bundle_send): <stage dir>/.parts/<sha256>/.
 PARTS = ".parts"
@@ -68,3 +69,9 @@ def bundle_unlisted(paths, directory, artifacts):
         if target not in remove:
             remove.append(target)
     return sorted(remove)
+
+
+def bundle_changes(outcomes):
+    """One line per artifact playbooks/bundle.yml built or fetched (not those it kept): action, size, seconds, file."""
+    return ["%-10s %10s %6.1fs  %s" % (o["action"], bytes_to_human(o["size"]), o["seconds"], o["file"])
+            for o in outcomes or [] if o.get("action") != "kept"]

@@ -77,6 +77,26 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     return options
 
 
+# host_probe's name for the inspect of an image: 'image <ref>'.
+_INSPECT = "image "
+
+
+def image_inspect_commands(instances, engine):
+    """host_probe's `commands` that inspect each image the instances run, once each: {'image <ref>': argv}."""
+    commands = {}
+    for instance in instances or []:
+        if instance.get("image"):
+            commands[_INSPECT + instance["image"]] = [engine, "image", "inspect", instance["image"]]
+    return commands
+
+
+def image_inspect_results(commands):
+    """host_probe's answers to image_inspect_commands as a command loop registers them: [{item (the ref), rc,
+    stdout, stderr}], the form vllm_images takes."""
+    return [dict(done, item=name[len(_INSPECT):]) for name, done in sorted((commands or {}).items())
+            if name.startswith(_INSPECT)]
+
+
 _DTK_TAG = re.compile(r"dtk[-_]?(\d{2})\.?(\d{2}(?:\.\d+)?)", re.IGNORECASE)
 # What each runtime takes from the host (docs/services.md, Runtimes; docs/field-evidence.md C8).
 RUNTIME_MOUNTS = {"image": "the host's hyhal (the image's own DTK)", "host": "the host's hyhal and DTK",

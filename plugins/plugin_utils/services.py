@@ -472,6 +472,20 @@ def vllm_services(services, cards, defaults=None):
     return instances
 
 
+def served_models(services, default_model):
+    """The model names a host serves, in the order its services list them: every service's `models`, or
+    [default_model] for the default layout (no services). Needs no card, so other hosts' plays can read it."""
+    if not services:
+        return [default_model]
+    names = []
+    for service in services:
+        models = service.get("models") if isinstance(service, dict) else None
+        for model in [models] if isinstance(models, str) else models or []:
+            if model not in names:
+                names.append(model)
+    return names
+
+
 # What vllm_instances (deprecated) returned per instance: the default layout's keys before services existed.
 LEGACY_INSTANCE_KEYS = ("card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
                         "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len", "max_images")

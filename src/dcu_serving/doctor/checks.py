@@ -17,13 +17,14 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from dcu_serving import container_engine, dtk_driver, host_kernel, hysmi, rock_version
+from dcu_serving import addresses, container_engine, dtk_driver, host_kernel, hysmi, rock_version
 from dcu_serving.doctor.host import (
     AUDIT_LOG,
     DRIVER_BOOT_UNIT,
     DRIVER_BOOT_WANTS,
     EXPORTER_UNIT,
     INSTALL_RECORD,
+    PROXY_CONFIG,
     PROXY_UNIT,
     REBOOT_MARKER,
     VLLM_UNIT,
@@ -292,20 +293,19 @@ def units(host: Host) -> list:
 
 
 def _listen_address(listen: str | None) -> tuple | None:
-    """('127.0.0.1', 8000) for '0.0.0.0:8000': where a local client reaches a listener."""
-    if not listen or ":" not in str(listen):
+    """('127.0.0.1', 8000) for '0.0.0.0:8000': where a local client reaches a listener (the collection's own
+    reading of HOST:PORT, dcu_serving/addresses.py); None when there is none."""
+    try:
+        host, port = addresses.split_listen(listen)
+    except addresses.ListenError:
         return None
-    address, port = str(listen).rsplit(":", 1)
-    address = address.strip("[]")
-    if address in ("", "0.0.0.0", "::"):
-        address = "127.0.0.1"
-    return (address, int(port)) if port.isdigit() else None
+    return addresses.local_host(host), port
 
 
 def _expected_ports(host: Host) -> list:
     # The instances listen where vllm@.service's `--host` says (dcu_vllm_listen_host, loopback by default).
     listen = re.search(r"--host\s+(\S+)", host.read(host.path("etc", VLLM_UNIT)) or "")
-    address = _listen_address((listen.group(1) if listen else "127.0.0.1") + ":0")[0]
+    address = addresses.local_host((listen.group(1) if listen else "127.0.0.1").strip("[]"))
     ports = [(f"{i.unit} ({i.model or 'model'})", (address, i.port), i.unit) for i in host.instances() if i.port]
     config = host.proxy_config()
     if config is not None:
@@ -341,8 +341,8 @@ def proxy(host: Host) -> list:
     address = _listen_address((config or {}).get("listen"))
     if address is None:
         return [Finding("proxy", SKIP, "dcu-proxy not installed ({} absent)".format(
-            host.path("etc", "dcu-serving/proxy.yml")))]
-    url = "http://{}:{}/__lb_status".format(*address)
+            host.path("etc", PROXY_CONFIG)))]
+    url = f"http://{addresses.url_host(address[0])}:{address[1]}/__lb_status"
     try:
         with urllib.request.urlopen(url, timeout=min(host.timeout, 5)) as response:
             status = json.loads(response.read())
