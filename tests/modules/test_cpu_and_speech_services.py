@@ -1,4 +1,4 @@
-"""Two additions to the services carving (plugins/filter/services.py): a service placed on the CPU (no card,
+"""Two additions to the services carving (plugins/plugin_utils/services.py): a service placed on the CPU (no card,
 device or DCU environment; moved back to its cards by one value), and speech synthesis as a kind (vLLM-Omni)."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import copy
 
 from modules.services_host import CARDS, DEFAULTS, SERVICES, make_model_dir
 
-from ansible_collections.dcu.serving.plugins.filter.services import vllm_service_problems, vllm_services
-from ansible_collections.dcu.serving.plugins.filter.vllm import (
+from ansible_collections.dcu.serving.plugins.module_utils.model_config import read_model_info
+from ansible_collections.dcu.serving.plugins.plugin_utils.containers import (
     vllm_device_nodes,
     vllm_image_problems,
     vllm_run_options,
 )
-from ansible_collections.dcu.serving.plugins.filter.vram_budget import vllm_vram_budget
-from ansible_collections.dcu.serving.plugins.module_utils.model_config import read_model_info
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_service_problems, vllm_services
+from ansible_collections.dcu.serving.plugins.plugin_utils.vram import vllm_vram_budget
 
 STAT = ["/dev/kfd 992 render", "/dev/dri/card1 44 video", "/dev/dri/renderD128 992 render",
         "/dev/dri/card2 44 video", "/dev/dri/renderD129 992 render"]
@@ -85,7 +85,7 @@ def test_bad_cpu_settings_name_the_fix():
         "service embed: placement 'gpu' is not dcu (its cards) or cpu (no card: the host's processors, a CPU build "
         "of vLLM)",
         "service rerank: cpu_limit is the processors the instance may use (docker --cpus), e.g. 8, got 0.0",
-        "service rerank: runtime host mounts the host's hyhal and DTK, which a CPU instance does not use: leave "
+        "service rerank: runtime host mounts the host's DCU runtime, which a CPU instance does not use: leave "
         "runtime out"]
 
 
