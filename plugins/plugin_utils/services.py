@@ -2,8 +2,9 @@
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
 """Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, speech,
-each on the cards it is given, or on the CPU) expanded into vLLM instances with their `vllm serve` arguments; the refusals that
-must come before anything starts (cards, ports, names, NUMA); the environment the instances' env files carry.
+each on the cards it is given, or on the CPU) expanded into vLLM instances with their `vllm serve` arguments; the
+refusals that must come before anything starts (cards, ports, names, NUMA); the environment the instances' env
+files carry.
 (Each model's config.json and the VRAM budget per card: vram.py; the containers' options: containers.py.)
 
 vllm_services() is the one list of a host's vLLM instances: the units, the proxy's pools and the checks derive
