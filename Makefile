@@ -121,7 +121,7 @@ integration: venv images bundle  ## every molecule scenario and the compat check
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker capacity gateway integration  ## everything CI runs, cheapest first
+test: lint unit unit-docker capacity gateway rag integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/
