@@ -194,3 +194,11 @@ def test_mineru_reads_through_the_proxy_only(host, mineru, tmp_path):
         answer = requests.post(mineru.url + "/file_parse", timeout=60, files={"files": ("a.pdf", f)},
                                data={"backend": "vlm-http-client", "server_url": "http://10.0.0.1:30000"})
     assert answer.status_code == 400 and "is not this service's VLM" in answer.json()["detail"], answer.text
+
+
+def test_parse_only_is_the_first_two_hops(host, mineru, tmp_path):
+    proxy, _ = host
+    rc, report, err = run_check(str(pdf(tmp_path)), "--parse-only", "--proxy-url", proxy.url, "--mineru-url",
+                                mineru.url)
+    assert rc == 0, err
+    assert list(report["hops"]) == ["parse", "chunk"] and report["hops"]["chunk"]["chunks"] >= 4

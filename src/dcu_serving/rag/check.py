@@ -187,6 +187,8 @@ class Chain:
     def run(self, pdf: Path, question: str | None) -> dict:
         markdown = self.hop("parse", self.parse, pdf)
         chunks = self.hop("chunk", self.chunk, markdown)
+        if self.args.parse_only:
+            return self.report
         vectors = self.hop("embed", self.embed, list(chunks.values()))
         self.hop("store", self.store, chunks, vectors)
         question = question or next(iter(chunks.values()))
@@ -208,9 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--milvus-password", default=None,
                    help="root's password (default: the environment's DCU_MILVUS_PASSWORD)")
     p.add_argument("--collection", default="dcu_rag_check")
-    p.add_argument("--embedding-model", required=True)
-    p.add_argument("--rerank-model", required=True)
-    p.add_argument("--chat-model", required=True)
+    p.add_argument("--parse-only", action="store_true",
+                   help="the first two hops only (parse, chunk): MinerU and its VLM work (verify.yml)")
+    p.add_argument("--embedding-model")
+    p.add_argument("--rerank-model")
+    p.add_argument("--chat-model")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--context", type=int, default=3, help="chunks given to the chat model")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -223,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    missing = [f"--{name}-model" for name in ("embedding", "rerank", "chat")
+               if not args.parse_only and not getattr(args, f"{name}_model")]
+    if missing:
+        parser.error(f"{', '.join(missing)} required (or --parse-only)")
     args.milvus_password = args.milvus_password or os.environ.get("DCU_MILVUS_PASSWORD")
     if not args.pdf.is_file():
         print(f"hop parse failed: {args.pdf} is not a file", file=sys.stderr)
