@@ -71,7 +71,7 @@ def test_speech_is_synthesised_and_transcribed_through_the_proxy(host, proxy_url
     audio = spoken.content
     with wave.open(io.BytesIO(audio)) as w:
         assert (w.getnchannels(), w.getframerate()) == (1, 24000)
-        assert w.getnframes() / w.getframerate() == pytest.approx(5 * 0.4, rel=0.01)  # five words
+        assert w.getnframes() / w.getframerate() == pytest.approx(6 * 0.4, rel=0.01)  # six words, 0.4 s each
     text = requests.post(f"{proxy_url}/v1/audio/transcriptions", files={"file": ("speech.wav", audio)}, timeout=60,
                          data={"model": "whisper-large-v3", "language": "en", "user": "mol-rag-asr"})
     assert text.status_code == 200 and text.headers["X-Backend"] == "127.0.0.1:8005" and text.json()["text"]
@@ -177,7 +177,7 @@ def test_a_restore_brings_back_the_same_search_results(host, run_playbook, milvu
 
 # --- Refusals -------------------------------------------------------------------------------------------------
 
-def test_a_missing_vault_password_is_refused_naming_the_fix(host, run_playbook):
+def test_a_missing_vault_password_is_refused_naming_the_fix(host, run_playbook, tmp_path):
     before = host.check_output("systemctl show --property=MainPID --value dcu-milvus")
     rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_root_password": ""})
     assert rc != 0
@@ -185,8 +185,11 @@ def test_a_missing_vault_password_is_refused_naming_the_fix(host, run_playbook):
     assert "dcu_milvus_root_password is empty" in flat and "ansible-vault encrypt_string" in flat, out[-2000:]
     assert host.check_output("systemctl show --property=MainPID --value dcu-milvus") == before
 
-    rc, out = run_playbook("data.yml", env={"ANSIBLE_VAULT_PASSWORD_FILE": ""})
-    assert rc != 0 and "no vault secrets" in out, out[-2000:]
+    wrong = tmp_path / "wrong-vault-password"
+    wrong.write_text("not the scenario's vault password\n")
+    rc, out = run_playbook("data.yml", env={"ANSIBLE_VAULT_PASSWORD_FILE": str(wrong)})
+    assert rc != 0 and "no vault secrets were found that could decrypt" in out, out[-2000:]
+    assert host.check_output("systemctl show --property=MainPID --value dcu-milvus") == before
 
 
 def test_the_embed_service_cannot_move_back_to_a_card_another_service_holds(host, run_playbook):
