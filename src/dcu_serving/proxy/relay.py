@@ -127,13 +127,16 @@ class Relay:
         slot in the pool and send it; a card that could not be reached is ejected and the request goes once
         more to another. Nothing is retried once a card may have started work.
 
-        `read`: (call, pool, deadline) of a request read already (a whole upload): it is only sent. One
-        coroutine does it all, as this is every request's path (bench/proxy_instructions.py).
+        `read`: (call, pool, deadline, upload) of an upload read as far as routing needs (_forward_upload): it
+        is only sent, its rest (`upload`, an Upload, or None when the form is whole) passed on as it arrives.
+        The attempt loop below is the one for every API: one coroutine does it all, as this is every request's
+        path (bench/proxy_instructions.py).
         """
         s = self.settings
         if read is not None:
-            call, group, deadline = read
+            call, group, deadline, upload = read
         else:
+            upload = None
             if request.content_type != "application/json":
                 raise ProxyError(400, f"Content-Type must be application/json, got {request.content_type!r}: "
                                       f"send the request body as JSON.")
@@ -163,6 +166,11 @@ class Relay:
                 call = contract.Call(body, model, user, None, False)
 
         headers = _forwarded_headers(request, rid)
+        if upload is None:
+            length = len(call.body)
+        else:
+            headers += upload.headers
+            length = upload.length
         path = request.raw_path.encode()
         balancer = self.balancer
         loop = self.loop
@@ -181,8 +189,12 @@ class Relay:
             sent = False
             try:
                 try:
-                    conn = await backend.pool.request(
-                        backend.pool.build_head(b"POST", path, headers, len(call.body)), call.body, deadline)
+                    if upload is None:
+                        conn = await backend.pool.request(
+                            backend.pool.build_head(b"POST", path, headers, length), call.body, deadline)
+                    else:  # the head and what was read; the rest follows in upload.pass_on
+                        conn = await backend.pool.open(
+                            backend.pool.build_head(b"POST", path, headers, length), upload.first, deadline)
                 except ConnectFailed as e:
                     balancer.eject(backend, str(e))
                     if first_failure is None:  # never reached the backend: once more, elsewhere
@@ -191,7 +203,11 @@ class Relay:
                         continue
                     raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
                                           f"ejected; safe to retry.") from None
-                sent = True
+                sent = True  # from here the backend may have started: never sent again
+                if upload is not None:
+                    log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
+                              rid, backend.name, upload.count)
+                    await upload.pass_on(conn, deadline, s.request_timeout)
                 return await self._answer(request, conn, backend, call, rec, rid, t0)
             except ConnectionBroken as e:
                 sent = True
@@ -200,18 +216,15 @@ class Relay:
                                       f"({e}); it is ejected. Safe to retry.") from None
             except DeadlineExceeded:
                 sent = True
-                raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
-                                      f"deadline. Lower max_tokens or turn off thinking.") from None
+                raise ProxyError(504, _too_slow(api, s.request_timeout)) from None
             finally:
                 group.release(backend, served=sent)
 
     async def _forward_upload(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
         """A multipart/form-data upload (a transcription): read until its `model` is known, then send what was
-        read and pass the rest on as it arrives, so an audio file is not held whole in the proxy.
+        read and pass the rest on as it arrives (_forward), so an audio file is not held whole in the proxy.
 
-        The orid is the form's `user` field, if it comes before the file, else the X-Orid header. A card
-        that could not be reached is ejected and the request goes once more to another: nothing had left the
-        proxy. Once the first bytes are sent the upload is never sent again.
+        The orid is the form's `user` field, if it comes before the file, else the X-Orid header.
         """
         s = self.settings
         boundary = boundary_of(request.headers.get("Content-Type", ""))
@@ -253,94 +266,10 @@ class Relay:
         if group is None:
             group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
         call = contract.Call(bytes(prefix), model, user, None, False)
-        if ended:  # the whole form is here (a short clip): sent like any request, retried like one
-            return await self._forward(request, api, rid, rec, t0, (call, group, deadline))
-
-        # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
-        chunked = length is None or "Content-Encoding" in request.headers
-        headers = _forwarded_headers(request, rid)
-        if chunked:
-            headers += b"Transfer-Encoding: chunked\r\n"
-            first = b"%x\r\n%s\r\n" % (len(prefix), prefix)
-        else:
-            first = call.body
-        path = request.raw_path.encode()
-        balancer = self.balancer
-        loop = self.loop
-        first_failure = None
-        while True:
-            try:
-                front = first_failure is not None
-                backend = group.take(front) or await group.wait(deadline, front)
-            except DeadlineExceeded:
-                raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
-                                      f"request waited in the proxy's queue). Retry later.") from None
-            if rec["queue_ms"] is None:
-                rec["queue_ms"] = _ms(loop.time() - t0)
-            rec["attempts"] += 1
-            rec["backend"] = backend.name
-            sent = False
-            try:
-                pool = backend.pool
-                try:
-                    conn = await pool.open(pool.build_head(b"POST", path, headers, None if chunked else length),
-                                           first, deadline)
-                except ConnectFailed as e:
-                    balancer.eject(backend, str(e))
-                    if first_failure is None:  # never reached the backend: once more, elsewhere
-                        first_failure = str(e)
-                        self.metrics.retries += 1
-                        continue
-                    raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
-                                          f"ejected; safe to retry.") from None
-                sent = True
-                log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
-                          rid, backend.name, len(prefix))
-                try:
-                    conn.body_pending = True
-                    await self._pump(content, conn, len(prefix), limit, chunked, deadline)
-                    await conn.response()
-                except BaseException:
-                    conn.abort()
-                    raise
-                return await self._answer(request, conn, backend, call, rec, rid, t0)
-            except ConnectionBroken as e:
-                sent = True
-                balancer.eject(backend, str(e))
-                raise ProxyError(502, f"The backend {backend.name} failed before the answer was complete "
-                                      f"({e}); it is ejected. Safe to retry.") from None
-            except DeadlineExceeded:
-                sent = True
-                raise ProxyError(504, f"The request took longer than the proxy's {s.request_timeout:g} s "
-                                      f"deadline.") from None
-            finally:
-                group.release(backend, served=sent)
-
-    async def _pump(self, content, conn, count: int, limit: int, chunked: bool, deadline: float):
-        """The rest of the caller's body to the backend, as it arrives, at the pace the backend reads it."""
-        reading = False  # waiting for the caller (a 408 if the deadline passes then), not for the backend
-        try:
-            async with asyncio.timeout_at(deadline):
-                while not conn.answered:  # a backend that answered early has read all it wants
-                    reading = True
-                    chunk = await content.readany()
-                    reading = False
-                    if not chunk:
-                        if chunked:
-                            conn.write(b"0\r\n\r\n")
-                        conn.body_pending = False
-                        return
-                    count += len(chunk)
-                    if count > limit:
-                        raise _too_large(limit)
-                    conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    await conn.drain()
-        except web.RequestPayloadError as e:
-            raise _unreadable(e) from None
-        except TimeoutError:
-            if reading:
-                raise _body_timeout(self.settings.request_timeout) from None
-            raise DeadlineExceeded() from None
+        # A form that ended while it was read (a short clip) is sent like any request; else the rest follows.
+        upload = None if ended else Upload(content, call.body, length, "Content-Encoding" in request.headers,
+                                           limit)
+        return await self._forward(request, api, rid, rec, t0, (call, group, deadline, upload))
 
     async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float) -> bytes:
         length = request.content_length
@@ -422,8 +351,7 @@ class Relay:
                 rec["error"] = f"the backend {backend.name} failed mid-stream ({e}); it is ejected. Safe to retry."
             else:
                 rec["status"] = 504
-                rec["error"] = (f"The request took longer than the proxy's {self.settings.request_timeout:g} s "
-                                f"deadline. Lower max_tokens or turn off thinking.")
+                rec["error"] = _too_slow(APIS[request.path], self.settings.request_timeout)
             try:
                 await response.write(sse_error(rec["status"], rec["error"]))
                 await response.write_eof()
@@ -448,6 +376,63 @@ class Relay:
         else:
             rec["status"] = 499
             rec["error"] = "the client closed the connection"
+
+
+class Upload:
+    """The rest of an upload whose model is known: what was read (`first`) goes with the head, the rest is passed
+    on as it arrives, at the pace the backend reads it (`pass_on`), never held whole."""
+
+    __slots__ = ("chunked", "content", "count", "first", "headers", "length", "limit")
+
+    def __init__(self, content, prefix: bytes, length: int | None, encoded: bool, limit: int):
+        self.content = content
+        self.count = len(prefix)
+        self.limit = limit
+        # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
+        self.chunked = length is None or encoded
+        if self.chunked:
+            self.headers = b"Transfer-Encoding: chunked\r\n"
+            self.first = b"%x\r\n%s\r\n" % (len(prefix), prefix)
+            self.length = None
+        else:
+            self.headers = b""
+            self.first = prefix
+            self.length = length
+
+    async def pass_on(self, conn, deadline: float, timeout: float):
+        """Write the rest of the caller's body to `conn`, then wait for the answer's head. The connection is
+        dropped if this fails: its upload was not written to the end."""
+        content, chunked, count = self.content, self.chunked, self.count
+        reading = False  # waiting for the caller (a 408 if the deadline passes then), not for the backend
+        conn.body_pending = True
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not conn.answered:  # a backend that answered early has read all it wants
+                    reading = True
+                    chunk = await content.readany()
+                    reading = False
+                    if not chunk:
+                        if chunked:
+                            conn.write(b"0\r\n\r\n")
+                        conn.body_pending = False
+                        break
+                    count += len(chunk)
+                    if count > self.limit:
+                        raise _too_large(self.limit)
+                    conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await conn.drain()
+                await conn.response()
+        except web.RequestPayloadError as e:
+            conn.abort()
+            raise _unreadable(e) from None
+        except TimeoutError:
+            conn.abort()
+            if reading:
+                raise _body_timeout(timeout) from None
+            raise DeadlineExceeded() from None
+        except BaseException:
+            conn.abort()
+            raise
 
 
 def _forwarded_headers(request: web.BaseRequest, rid: str) -> bytes:
@@ -482,6 +467,12 @@ def _unreadable(e: Exception) -> ProxyError:
 def _body_timeout(timeout: float) -> ProxyError:
     return ProxyError(408, f"The request body did not arrive within the proxy's {timeout:g} s deadline: send it "
                            f"whole, without pauses.")
+
+
+def _too_slow(api: Api, timeout: float) -> str:
+    """The one message for a request that passed its deadline at a card, streamed or not."""
+    advice = "Lower max_tokens or turn off thinking." if api.chat else "Send less per request, or retry later."
+    return f"The request took longer than the proxy's {timeout:g} s deadline (request_timeout). {advice}"
 
 
 def _too_large(limit: int) -> ProxyError:
