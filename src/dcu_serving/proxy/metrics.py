@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from .queueing import COST_CLASSES, cost_class
+
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60, 300)
 
@@ -35,11 +37,16 @@ class Histogram:
         self.sum += value
 
     def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.doc, labels=[])
+        self.add_to(family, [])
+        return family
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]):
         buckets, cumulative = [], 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             cumulative += count
             buckets.append((floatToGoString(bound), cumulative))
-        return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)
+        family.add_metric(labels, buckets, self.sum)
 
 
 class Metrics:
@@ -52,6 +59,8 @@ class Metrics:
         self.ttft = Histogram("dcu_proxy_time_to_first_token_seconds",
                               "Time to the first streamed chunk, queue time included", TTFT_BUCKETS)
         self.queue_wait = Histogram("dcu_proxy_queue_wait_seconds", "Time spent waiting for a slot", TTFT_BUCKETS)
+        # The requests that waited in a pool queued by cost, by their expected cost (queueing.COST_CLASSES).
+        self.queue_wait_by_cost = {name: Histogram("", "", LATENCY_BUCKETS) for _, name in COST_CLASSES}
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -68,6 +77,10 @@ class Metrics:
         if queue_wait is not None:
             self.queue_wait.observe(queue_wait)
 
+    def queued(self, cost: float, wait: float):
+        """A request that waited in a pool queued by cost got its slot after `wait` seconds."""
+        self.queue_wait_by_cost[cost_class(cost)].observe(wait)
+
     def collect(self):
         requests = CounterMetricFamily("dcu_proxy_requests", "API requests answered, by API, model and HTTP status "
                                        "(model empty: none given, or one not served)",
@@ -79,6 +92,12 @@ class Metrics:
         yield self.latency.family()
         yield self.ttft.family()
         yield self.queue_wait.family()
+        by_cost = HistogramMetricFamily("dcu_proxy_queue_wait_by_cost_seconds", "Time waiting for a slot in a pool "
+                                        "queued by cost, by the request's expected seconds on a card",
+                                        labels=["cost"])
+        for name, histogram in self.queue_wait_by_cost.items():
+            histogram.add_to(by_cost, [name])
+        yield by_cost
         yield CounterMetricFamily("dcu_proxy_retries", "Requests retried on another backend after a connect "
                                   "failure", value=self.retries)
 
@@ -114,11 +133,17 @@ class Metrics:
             "queue": GaugeMetricFamily("dcu_proxy_model_queue_depth", "Requests waiting for a slot, per served model "
                                        "(a pool serving several names counts its queue under each)",
                                        labels=["model", "kind"]),
+            "by_cost": GaugeMetricFamily("dcu_proxy_model_queue_depth_by_cost", "Requests waiting for a slot, per "
+                                         "served model and expected seconds on a card (FIFO pools: all in 0-1s)",
+                                         labels=["model", "kind", "cost"]),
         }
         for g in balancer.groups if balancer else ():
             healthy = sum(1 for b in g.backends if b.healthy and not b.draining)
+            by_cost = g.queued_by_cost()
             for model in g.models:
                 pools["healthy"].add_metric([model, g.kind], healthy)
                 pools["total"].add_metric([model, g.kind], len(g.backends))
                 pools["queue"].add_metric([model, g.kind], g.queued)
+                for name, count in by_cost.items():
+                    pools["by_cost"].add_metric([model, g.kind, name], count)
         yield from pools.values()

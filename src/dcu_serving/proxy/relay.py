@@ -18,7 +18,7 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from . import contract, routing
+from . import contract, queueing, routing
 from .answers import answer_fields, scan_events
 from .balancer import Backend, Balancer
 from .config import Config
@@ -135,6 +135,7 @@ class Relay:
         s = self.settings
         if read is not None:
             call, group, deadline, upload = read
+            payload = None
         else:
             upload = None
             if request.content_type != "application/json":
@@ -175,15 +176,23 @@ class Relay:
         balancer = self.balancer
         loop = self.loop
         first_failure = None
+        waited = None  # what the request says of its cost, once it had to wait in a pool queued by cost
         while True:
             try:
                 front = first_failure is not None
-                backend = group.take(front) or await group.wait(deadline, front)
+                backend = group.take(front)
+                if backend is None:
+                    if group.by_cost and not front:
+                        waited = queueing.estimate(payload if api.chat else None,
+                                                   len(call.body) if length is None else length)
+                    backend = await group.wait(deadline, front, waited)
             except DeadlineExceeded:
                 raise ProxyError(504, f"No slot freed up within the {s.request_timeout:g} s deadline (the "
                                       f"request waited in the proxy's queue). Retry later.") from None
             if rec["queue_ms"] is None:
                 rec["queue_ms"] = _ms(loop.time() - t0)
+                if waited is not None:
+                    self.metrics.queued(group.speed.seconds(waited), loop.time() - t0)
             rec["attempts"] += 1
             rec["backend"] = backend.name
             sent = False
@@ -208,7 +217,10 @@ class Relay:
                     log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
                               rid, backend.name, upload.count)
                     await upload.pass_on(conn, deadline, s.request_timeout)
-                return await self._answer(request, conn, backend, call, rec, rid, t0)
+                response = await self._answer(request, conn, backend, call, rec, rid, t0)
+                if waited is not None:  # what it cost, for the next estimates of this pool
+                    group.speed.learn(waited, rec, loop.time() - t0)
+                return response
             except ConnectionBroken as e:
                 sent = True
                 balancer.eject(backend, str(e))

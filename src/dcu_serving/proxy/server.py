@@ -60,7 +60,7 @@ class Proxy:
             except OSError as e:
                 raise ConfigError("results_log", f"cannot open {s.results_log}: {e.strerror}") from e
         self.balancer = Balancer(s.specs, s.backend_concurrency, s.queue_size, s.connect_timeout,
-                                 s.retry_after)
+                                 s.retry_after, s.queue_policy, s.queue_aging)
         self.relay = Relay(s, self.balancer, self.metrics, results, self.loop)
         await self.balancer.check_all(s.health_path, s.health_timeout)
         self._health_task = asyncio.ensure_future(self._health_loop())
@@ -124,7 +124,7 @@ class Proxy:
         self.settings = new
         self._callers = {}
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
-                                     new.connect_timeout, new.retry_after)
+                                     new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging)
         relay.configure(new)  # routing follows the balancer's new pools
         for b in added:
             task = asyncio.ensure_future(self.balancer.check(b, new.health_path, new.health_timeout))
