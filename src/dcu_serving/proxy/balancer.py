@@ -135,6 +135,14 @@ class Group:
                 return b
         return None
 
+    def admits(self):
+        """Raise the 503 a request would get from `take` or `wait` now (no routable backend; every slot busy and
+        the queue full), before its body is read."""
+        if not self._routable:
+            raise self._unavailable("no healthy backend")
+        if len(self._waiters) >= self.queue_size and self._pick() is None:
+            raise self._full()
+
     def _full(self) -> ProxyError:
         whose = "" if self.shared else f" of {', '.join(f'`{m}`' for m in self.models)}"
         return ProxyError(503, f"Service busy: all slots{whose} are in use and the proxy's queue is full "

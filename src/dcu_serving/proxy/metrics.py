@@ -101,6 +101,10 @@ class Metrics:
         yield CounterMetricFamily("dcu_proxy_retries", "Requests retried on another backend after a connect "
                                   "failure", value=self.retries)
 
+        relay = self._proxy.relay
+        yield GaugeMetricFamily("dcu_proxy_body_bytes_held", "Bytes of request bodies the proxy holds now, "
+                                "against body_budget (bodies that did not come with their request's head)",
+                                value=relay.bodies if relay else 0)
         balancer = self._proxy.balancer
         queue = GaugeMetricFamily("dcu_proxy_queue_depth", "Requests waiting in the proxy's queue for a slot")
         queue.add_metric([], balancer.queued if balancer else 0)

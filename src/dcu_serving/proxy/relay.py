@@ -46,6 +46,7 @@ _DROP_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"x-request-id", b"x-backend",
 })
 _PARTIAL_EVENT_LIMIT = 1 << 20  # an SSE event larger than this is passed on unframed
+STALLED = "the client stopped reading the stream for {timeout:g} s (write_timeout): its connection was closed"
 
 
 class Relay:
@@ -62,6 +63,8 @@ class Relay:
         self.results = results
         self.loop = loop  # kept: get_running_loop() costs a getpid() syscall on 3.11
         self.stopping = False
+        self.bodies = 0  # bytes of request bodies held now (Held), against settings.body_budget
+        self.writing: dict = {}  # client transport -> [record, write buffer size, since]: streams being written
         self.configure(settings)
 
     def configure(self, settings: Config):
@@ -69,6 +72,9 @@ class Relay:
         self.settings = settings
         self.passing = settings.contract.model == "pass"
         routing.configure(self.balancer.groups)
+        # An API whose models all share one pool: that pool is known before the body is read (_admit).
+        self._only_pool = {api: pools.pop() for api in set(APIS.values())
+                           if len(pools := set(api.routes.values())) == 1}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         loop = self.loop
@@ -122,15 +128,16 @@ class Relay:
                                  None if ttft is None else ttft / 1000, None if queue_ms is None else queue_ms / 1000)
 
     async def _forward(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float,
-                       read: tuple | None = None):
+                       read: tuple | None = None, held: Held | None = None):
         """Read the JSON request, find its model's pool, check the contract (chat and completions), then take a
         slot in the pool and send it; a card that could not be reached is ejected and the request goes once
         more to another. Nothing is retried once a card may have started work.
 
         `read`: (call, pool, deadline, upload) of an upload read as far as routing needs (_forward_upload): it
         is only sent, its rest (`upload`, an Upload, or None when the form is whole) passed on as it arrives.
-        The attempt loop below is the one for every API: one coroutine does it all, as this is every request's
-        path (bench/proxy_instructions.py).
+        `held`: the body's share of the body budget (a body that did not come with its head, _forward_held),
+        given back as soon as a card has the request. The attempt loop below is the one for every API: one
+        coroutine does it all, as this is every request's path (bench/proxy_instructions.py).
         """
         s = self.settings
         if read is not None:
@@ -143,12 +150,14 @@ class Relay:
                                       f"send the request body as JSON.")
             deadline = t0 + s.request_timeout
             content = request.content
-            if content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
+            if held is not None:
+                body = await self._read_body(request, s.max_body_bytes, deadline, held)
+            elif content.is_eof():  # it all came with the head, as short requests do: no waiting, one copy
                 body = content.read_nowait()
                 if len(body) > s.max_body_bytes:
                     raise _too_large(s.max_body_bytes)
-            else:
-                body = await self._read_body(request, s.max_body_bytes, deadline)
+            else:  # still arriving: read under the budget of bodies held at once
+                return await self._forward_held(request, api, rid, rec, t0)
             payload = contract.parse(body)
             user = payload.get("user")
             rec["orid"] = None if user is None else str(user)
@@ -161,8 +170,8 @@ class Relay:
             if group is None:
                 group = routing.unrouted(api, model, self.balancer.groups, self.balancer.by_model, self.passing)
             if api.chat:
-                rec["stream"] = payload.get("stream") is True
                 call = contract.check(body, payload, s.contract)
+                rec["stream"] = call.stream  # as vLLM reads it: "stream": "true" streams too
             else:  # embeddings, rerank, score: passed on as they came
                 call = contract.Call(body, model, user, None, False)
 
@@ -213,6 +222,11 @@ class Relay:
                     raise ProxyError(502, f"Could not reach a backend ({first_failure}; then {e}). Both are "
                                           f"ejected; safe to retry.") from None
                 sent = True  # from here the backend may have started: never sent again
+                if held is not None:  # the card has what was read: it need not be held any more
+                    held.release()
+                    call.body = body = payload = None
+                    if upload is not None:
+                        upload.first = None
                 if upload is not None:
                     log.debug("request %s: upload to %s goes on as it arrives (%d bytes read to find the model)",
                               rid, backend.name, upload.count)
@@ -232,16 +246,47 @@ class Relay:
             finally:
                 group.release(backend, served=sent)
 
+    async def _forward_held(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
+        """A body that did not come with its head (a large one): refused before it is read when the pool it can
+        only go to cannot take it, or when the bodies held at once would pass `body_budget` (503, Retry-After);
+        else read, counted against the budget until a card has it."""
+        held = Held(self)
+        try:
+            self._admit(api, request.content_length, held)
+            return await self._forward(request, api, rid, rec, t0, held=held)
+        finally:
+            held.release()
+
+    def _admit(self, api: Api, length: int | None, held: Held):
+        """Refuse a body before reading it: too large (413), its only pool unable to take it (503), or, with a
+        declared length, more than the body budget holds now (503)."""
+        limit = self.settings.max_body_bytes
+        if length is not None and length > limit:
+            raise _too_large(limit)
+        only = self._only_pool.get(api)
+        if only is not None:
+            only.admits()
+        if length is not None:
+            held.take(length)
+
     async def _forward_upload(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float):
         """A multipart/form-data upload (a transcription): read until its `model` is known, then send what was
         read and pass the rest on as it arrives (_forward), so an audio file is not held whole in the proxy.
 
         The orid is the form's `user` field, if it comes before the file, else the X-Orid header.
         """
+        held = Held(self)
+        try:
+            return await self._forward_form(request, api, rid, rec, t0, held)
+        finally:
+            held.release()
+
+    async def _forward_form(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float, held: Held):
         s = self.settings
         boundary = boundary_of(request.headers.get("Content-Type", ""))
         limit = s.max_body_bytes
         length = request.content_length
+        self._admit(api, None, held)
         if length is not None and length > limit:
             raise _too_large(limit)
         deadline = t0 + s.request_timeout
@@ -261,6 +306,7 @@ class Relay:
                     prefix += chunk
                     if len(prefix) > limit:
                         raise _too_large(limit)
+                    held.take(len(chunk))  # what is read to find the model is held (a file before it: whole)
                     scanner.feed(prefix)
             ended = ended or content.is_eof()
         except web.RequestPayloadError as e:
@@ -281,12 +327,12 @@ class Relay:
         # A form that ended while it was read (a short clip) is sent like any request; else the rest follows.
         upload = None if ended else Upload(content, call.body, length, "Content-Encoding" in request.headers,
                                            limit)
-        return await self._forward(request, api, rid, rec, t0, (call, group, deadline, upload))
+        return await self._forward(request, api, rid, rec, t0, (call, group, deadline, upload), held)
 
-    async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float) -> bytes:
-        length = request.content_length
-        if length is not None and length > limit:
-            raise _too_large(limit)
+    async def _read_body(self, request: web.BaseRequest, limit: int, deadline: float, held: Held) -> bytes:
+        """The whole body, counted against the budget as it comes when no length was declared (_admit took a
+        declared one)."""
+        declared = request.content_length is not None
         content = request.content
         try:
             if content.is_eof():
@@ -298,6 +344,8 @@ class Relay:
                     body += chunk
                     if len(body) > limit:
                         raise _too_large(limit)
+                    if not declared:
+                        held.take(len(chunk))
             return bytes(body)
         except web.RequestPayloadError as e:  # aiohttp could not decode it (Content-Encoding, chunks)
             raise _unreadable(e) from None
@@ -324,8 +372,10 @@ class Relay:
         response = web.StreamResponse(status=status, headers=headers)
         loop = self.loop
         released = False
+        transport = request.transport
         try:
             await response.prepare(request)
+            self.writing[transport] = [rec, 0, 0.0]  # watched: a caller that stops reading frees the card
             pending = b""
             while True:
                 chunk = await conn.next_chunk()
@@ -372,9 +422,31 @@ class Relay:
         except ConnectionError:  # the caller went away while we wrote: stop the generation too
             self._note_cut(rec)
         finally:
+            self.writing.pop(transport, None)
             if not released:
                 conn.abort()
         return response
+
+    async def watch_writes(self, interval: float = 1.0):
+        """Close the connection of a stream's caller that has stopped reading for `write_timeout`: its write
+        waits on a full buffer that does not drain, and its card slot would stay taken until TCP gives up.
+        Checked every `interval` seconds on the streams being written, not on every write."""
+        loop = self.loop
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            timeout = self.settings.write_timeout
+            for transport, state in list(self.writing.items()):
+                size = transport.get_write_buffer_size() if not transport.is_closing() else 0
+                if size == 0 or size != state[1]:  # all written, or moving: not stuck
+                    state[1], state[2] = size, now
+                elif now - state[2] >= timeout:
+                    rec = state[0]
+                    rec["error"] = STALLED.format(timeout=timeout)
+                    log.warning("request %s: the caller stopped reading for %g s; closing its connection",
+                                rec["request_id"], timeout)
+                    del self.writing[transport]
+                    transport.abort()
 
     def _note_cut(self, rec: dict):
         """A request cut short: by the caller (499), or by the proxy's own shutdown (503). A stream whose status
@@ -387,7 +459,34 @@ class Relay:
                             f"{self.settings.shutdown_grace:g} s over)")
         else:
             rec["status"] = 499
-            rec["error"] = "the client closed the connection"
+            if not (rec["error"] or "").startswith(STALLED[:20]):
+                rec["error"] = "the client closed the connection"
+
+
+class Held:
+    """One request body's share of `body_budget`, the bytes of request bodies the proxy holds at once. The first
+    body is always taken (a budget below max_body_bytes still serves one at a time); past the budget a body is
+    refused, 503 with Retry-After, before more of it is read."""
+
+    __slots__ = ("bytes", "relay")
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+        self.bytes = 0
+
+    def take(self, count: int):
+        relay = self.relay
+        budget = relay.settings.body_budget
+        if relay.bodies > self.bytes and relay.bodies + count > budget:
+            raise ProxyError(503, f"Service busy: the proxy holds {relay.bodies >> 20} MiB of request bodies "
+                                  f"(body_budget {budget >> 20} MiB) and does not read more now. Retry after a "
+                                  f"moment.", headers={"Retry-After": str(relay.settings.retry_after)})
+        relay.bodies += count
+        self.bytes += count
+
+    def release(self):
+        self.relay.bodies -= self.bytes
+        self.bytes = 0
 
 
 class Upload:
