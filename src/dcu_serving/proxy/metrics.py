@@ -53,6 +53,7 @@ class Metrics:
     def __init__(self, proxy):
         self._proxy = proxy
         self.by_status: dict[tuple, int] = {}  # (api, model, status) -> requests
+        self.backend_errors: dict[tuple, int] = {}  # (backend host:port, model) -> answers with status >= 500
         self.retries = 0
         self.latency = Histogram("dcu_proxy_request_duration_seconds",
                                  "End-to-end latency seen by the caller, queue time included", LATENCY_BUCKETS)
@@ -65,17 +66,24 @@ class Metrics:
         self.registry.register(self)
 
     def observe(self, api: str, model: str | None, status: int, latency: float, ttft: float | None,
-                queue_wait: float | None):
+                queue_wait: float | None, backend: str | None):
         if status != 200 and model is not None and model not in self._proxy.balancer.by_model:
             model = None  # a name no backend serves: not a label value (callers could make up any number)
         key = (api, model, status)
         by_status = self.by_status
         by_status[key] = by_status.get(key, 0) + 1
+        if status >= 500 and backend is not None:  # an answer a card gave, or failed to give
+            errors = self.backend_errors
+            errors[backend, model] = errors.get((backend, model), 0) + 1
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)
         if queue_wait is not None:
             self.queue_wait.observe(queue_wait)
+
+    def errors_of(self, backend: str) -> int:
+        """Answers with status >= 500 from one backend (host:port), every model."""
+        return sum(count for (name, _), count in self.backend_errors.items() if name == backend)
 
     def queued(self, cost: float, wait: float):
         """A request that waited in a pool queued by cost got its slot after `wait` seconds."""
@@ -100,6 +108,13 @@ class Metrics:
         yield by_cost
         yield CounterMetricFamily("dcu_proxy_retries", "Requests retried on another backend after a connect "
                                   "failure", value=self.retries)
+        errors = CounterMetricFamily("dcu_proxy_backend_errors", "Answers with status >= 500 from a backend, by "
+                                     "backend and model: its own 5xx passed on, a connection that broke before the "
+                                     "answer was whole (502), the deadline passed at the card (504)",
+                                     labels=["backend", "model"])
+        for (backend, model), count in sorted(self.backend_errors.items(), key=lambda i: (i[0][0], i[0][1] or "")):
+            errors.add_metric([backend, model or ""], count)
+        yield errors
 
         relay = self._proxy.relay
         yield GaugeMetricFamily("dcu_proxy_body_bytes_held", "Bytes of request bodies the proxy holds now, "

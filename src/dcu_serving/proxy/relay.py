@@ -125,7 +125,8 @@ class Relay:
             ttft = rec["ttft_ms"]
             queue_ms = rec["queue_ms"]
             self.metrics.observe(api.name, rec["model"], rec["status"], latency,
-                                 None if ttft is None else ttft / 1000, None if queue_ms is None else queue_ms / 1000)
+                                 None if ttft is None else ttft / 1000, None if queue_ms is None else queue_ms / 1000,
+                                 rec["backend"])
 
     async def _forward(self, request: web.BaseRequest, api: Api, rid: str, rec: dict, t0: float,
                        read: tuple | None = None, held: Held | None = None):
