@@ -230,7 +230,7 @@ def make_proxy(tmp_path: Path, backends: list[str], **settings) -> Proxy:
 def make_bundle(bundle: Path, files: dict[str, bytes], kind: str = "driver") -> list[dict]:
     """A small format-1 bundle: each {relative file: bytes} as an artifact, index.json and SHA256SUMS as
     dcu-bundle writes them. Returns the artifacts."""
-    from dcu_serving.bundle.index import Artifact, write_index
+    from dcu_serving.bundle.artifact import Artifact, write_artifacts
 
     artifacts = []
     for rel, data in files.items():
@@ -239,5 +239,5 @@ def make_bundle(bundle: Path, files: dict[str, bytes], kind: str = "driver") -> 
         path.write_bytes(data)
         artifacts.append(Artifact(name=Path(rel).name.split("-")[0], kind=kind, version="1.0", file=rel,
                                   sha256=hashlib.sha256(data).hexdigest(), size=len(data), source="tests"))
-    write_index(bundle, artifacts)
+    write_artifacts(bundle, artifacts)
     return [a.to_json() for a in artifacts]

@@ -1,11 +1,14 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""gateway_config: the LiteLLM config of a fleet's gateway from its serving hosts (module_utils/gateway_config)."""
+"""The fleet's gateway: its LiteLLM config from the serving hosts (module_utils/gateway_config.py, shared with
+dcu_serving.gateway), its secrets' problems, its keys file and its health probes (plugin_utils/gateway.py); each
+filter documented in plugins/filter/<name>.yml."""
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.module_utils import gateway_config as gc
+from ansible_collections.dcu.serving.plugins.plugin_utils import gateway
 
 
 def gateway_config(hosts, settings=None):
@@ -17,4 +20,10 @@ def gateway_config(hosts, settings=None):
 
 class FilterModule:
     def filters(self):
-        return {"gateway_config": gateway_config}
+        return {
+            "gateway_config": gateway_config,
+            "gateway_caller_problems": gateway.caller_problems,
+            "gateway_caller_keys": gateway.caller_keys,
+            "gateway_deployment_ids": gateway.deployment_ids,
+            "gateway_probes": gateway.probe_results,
+        }

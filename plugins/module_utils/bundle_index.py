@@ -1,12 +1,16 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see the collection's LICENSE)
-"""Read an offline bundle's index.json and SHA256SUMS and verify the whole bundle, as `dcu-bundle verify` does.
+"""An offline bundle's index.json and SHA256SUMS: the format, reading and writing them byte-stable, and verifying a
+whole bundle - every problem, not just the first, each one of missing | size | mismatch | unlisted | sums | index.
 
-The collection needs this without the dcu-serving Python package (a user with only the collection tarball
-stages a bundle with playbooks/stage.yml), so it lives here, standard library only, in the same terms as
-dcu_serving.bundle.verify: every problem, not just the first, each one of missing | size | mismatch |
-unlisted | sums | index.
-"""
+The one place the bundle's format is defined (FORMAT, KINDS, the transient suffixes) and checked: the collection's
+bundle_verify module and `dcu-bundle build|verify|list` (src/dcu_serving/bundle/index.py is a symlink to this file)
+both use it. Standard library only, Python 3.6+: a user with only the collection tarball stages a bundle with
+playbooks/stage.yml, and a host's own python3 runs the module."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 import json
 import os
@@ -14,10 +18,22 @@ import os
 FORMAT = 1
 INDEX = "index.json"
 SUMS = "SHA256SUMS"
-KINDS = ("driver", "dtk", "hyhal", "deb", "image", "wheel", "collection")
+# Artifact kinds and the bundle subdirectory each lives in.
+KINDS = {
+    "driver": "driver",
+    "dtk": "dtk",
+    "hyhal": "hyhal",
+    "deb": "debs",
+    "image": "images",
+    "wheel": "wheels",
+    "collection": "collections",
+}
 REQUIRED = ("name", "kind", "version", "file", "sha256", "size")
-# Files a build leaves only while it runs; never part of a finished bundle.
-TRANSIENT_SUFFIXES = (".part", ".tmp")
+# Files a build leaves only while it runs (an artifact arriving, index.json being rewritten); never part of a
+# finished bundle.
+PART_SUFFIX = ".part"
+TMP_SUFFIX = ".tmp"
+TRANSIENT_SUFFIXES = (PART_SUFFIX, TMP_SUFFIX)
 
 
 class BundleIndexError(ValueError):
@@ -26,37 +42,46 @@ class BundleIndexError(ValueError):
 
 def read_index(bundle):
     """The parsed index.json of a bundle directory: {"format": 1, "artifacts": [...], ...}."""
-    path = os.path.join(bundle, INDEX)
+    path = os.path.join(str(bundle), INDEX)
     try:
         with open(path) as handle:
             doc = json.load(handle)
     except (OSError, IOError) as exc:
         if not os.path.exists(path):
-            raise BundleIndexError("{}: missing — not a bundle".format(path)) from None
+            raise BundleIndexError("{}: missing — not a bundle (build one with `dcu-bundle build` or "
+                                   "playbooks/bundle.yml)".format(path)) from None
         raise BundleIndexError("{}: cannot be read ({})".format(path, exc)) from None
     except ValueError as exc:
         raise BundleIndexError("{}: not valid JSON ({})".format(path, exc)) from None
+    problem = index_problem(doc, path)
+    if problem:
+        raise BundleIndexError(problem)
+    return doc
+
+
+def index_problem(doc, where=INDEX):
+    """Why a parsed index.json does not follow the format (naming `where`), or '' when it does."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("artifacts"), list):
-        raise BundleIndexError('{}: expected {{"format": {}, "artifacts": [...]}}'.format(path, FORMAT))
+        return '{}: expected {{"format": {}, "artifacts": [...]}}'.format(where, FORMAT)
     for i, item in enumerate(doc["artifacts"]):
         if not isinstance(item, dict):
-            raise BundleIndexError("{}: artifacts[{}] is not an object".format(path, i))
+            return "{}: artifacts[{}] is not an object".format(where, i)
         missing = [k for k in REQUIRED if k not in item]
         if missing:
-            raise BundleIndexError("{}: artifacts[{}] lacks {}".format(path, i, ", ".join(missing)))
+            return "{}: artifacts[{}] lacks {}".format(where, i, ", ".join(missing))
         if item["kind"] not in KINDS:
-            raise BundleIndexError("{}: artifacts[{}].kind {!r} is not one of {}".format(
-                path, i, item["kind"], ", ".join(KINDS)))
-    return doc
+            return "{}: artifacts[{}].kind {!r} is not one of {}".format(where, i, item["kind"], ", ".join(KINDS))
+    return ""
 
 
 def read_sums(bundle):
     """SHA256SUMS as {file: sha256}; None when the file is missing."""
+    path = os.path.join(str(bundle), SUMS)
     try:
-        with open(os.path.join(bundle, SUMS)) as handle:
+        with open(path) as handle:
             text = handle.read()
     except (OSError, IOError):
-        if not os.path.exists(os.path.join(bundle, SUMS)):
+        if not os.path.exists(path):
             return None
         raise
     sums = {}
@@ -67,8 +92,44 @@ def read_sums(bundle):
     return sums
 
 
+def render_index(artifacts, builder):
+    """index.json's text: the artifacts (dicts, as index.json holds them) sorted by file, and who built it."""
+    doc = {"format": FORMAT, "builder": builder, "artifacts": sorted(artifacts, key=lambda a: a["file"])}
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def render_sums(artifacts):
+    """SHA256SUMS' text, `sha256sum -c` compatible, sorted by file."""
+    return "".join("{}  {}\n".format(a["sha256"], a["file"]) for a in sorted(artifacts, key=lambda a: a["file"]))
+
+
+def write_if_changed(path, text):
+    """Write path through a temporary file (a reader never sees half of it) unless it holds text already."""
+    path = str(path)
+    if os.path.isfile(path):
+        with open(path) as handle:
+            if handle.read() == text:
+                return False
+    tmp = path + TMP_SUFFIX
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+    return True
+
+
+def write_index(bundle, artifacts, builder):
+    """Write index.json and SHA256SUMS; True when either changed."""
+    changed = write_if_changed(os.path.join(str(bundle), INDEX), render_index(artifacts, builder))
+    return write_if_changed(os.path.join(str(bundle), SUMS), render_sums(artifacts)) or changed
+
+
 def _problem(file, problem, detail):
     return {"file": file, "problem": problem, "detail": detail}
+
+
+def describe(problem):
+    """One problem as a line: `mismatch  images/vllm.tar: expected sha256 ..., actual ...`."""
+    return "{:<9} {}: {}".format(problem["problem"], problem["file"], problem["detail"])
 
 
 def verify(bundle, cache):
@@ -77,6 +138,7 @@ def verify(bundle, cache):
     cache: an object with sha256(path) (module_utils.checksum.ChecksumCache). Every listed file must be
     present with its size and SHA-256, SHA256SUMS must agree with index.json, and no other file may be there.
     """
+    bundle = str(bundle)
     try:
         index = read_index(bundle)
     except BundleIndexError as exc:

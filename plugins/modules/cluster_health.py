@@ -19,6 +19,9 @@ description:
     the proxy to prove the service answers end to end - one chat completion with an image; or, given
     O(instances) of model services, one request per service in its own API (chat, vision, embeddings,
     rerank, transcription).
+  - A proxy that refuses connections fails the wait in seconds, not at O(timeout) - at once when its configuration
+    (O(proxy_config)) names another port, after O(refused_grace) when its unit is active - naming the URL it tried
+    and where that URL came from (O(url_source)).
   - "On failure the message is a per-card diagnosis naming the unit to look at, for example
     C(card 5: connection refused on 127.0.0.1:8007 — journalctl -u vllm@5)."
   - Given O(units), reads their systemd states (one C(systemctl show)) before each poll, and fails at once
@@ -47,9 +50,29 @@ seealso:
     description: The cards whose vLLM instances this module checks.
 options:
   url:
-    description: Base URL of dcu-proxy, C(http://) or C(https://) with a host and an optional port.
+    description:
+      - Base URL of dcu-proxy, C(http://) or C(https://) with a host and an optional port - where role C(dcu_proxy)
+        says it answers (its export C(dcu_proxy_url)).
     type: str
     default: http://127.0.0.1:8000
+  url_source:
+    description:
+      - Where O(url) came from, said with it when the proxy cannot be reached there, for example
+        C(dcu_proxy_listen 0.0.0.0:9000 (dcu.serving.dcu_proxy's dcu_proxy_url)) - its export C(dcu_proxy_url_source).
+    type: str
+  proxy_config:
+    description:
+      - dcu-proxy's configuration on the host. When the proxy refuses connections on O(url) and this file says it
+        listens on another port, the module fails at once naming both, instead of waiting for O(timeout).
+    type: path
+    default: /etc/dcu-serving/proxy.yml
+  refused_grace:
+    description:
+      - Seconds the proxy may refuse connections on O(url) while its unit C(dcu-proxy) is active before the module
+        fails - a proxy that has started and still refuses listens elsewhere (or not at all). While the unit starts,
+        or where systemd cannot be asked, the wait goes on until O(timeout).
+    type: float
+    default: 5
   expected:
     description:
       - How many backends must be healthy. Defaults to the number of backends the proxy knows.
@@ -192,12 +215,14 @@ functional:
            request_id: "a1b2", completion_tokens: 12}
 """
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dcu.serving.plugins.module_utils import addresses, host_paths
 from ansible_collections.dcu.serving.plugins.module_utils.dcu_http import request
 from ansible_collections.dcu.serving.plugins.module_utils.service_request import (
     answer_problem,
@@ -251,8 +276,9 @@ def describe_backend(entry, base_port, model, probe, instance=None):
             info["models"] = names
             missing = [name for name in models if name not in names]
             if missing:
-                info["diagnosis"] = "serves %s, not %s — check /etc/dcu-serving/vllm/%s.env" % (
-                    names or "no models", ", ".join(missing), unit.split("@", 1)[-1])
+                info["diagnosis"] = "serves %s, not %s — check %s/%s.env" % (
+                    names or "no models", ", ".join(missing), host_paths.host_path("vllm_env_dir"),
+                    unit.split("@", 1)[-1])
     if info["diagnosis"] is None and not info["healthy"]:
         info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
     if info["draining"]:
@@ -294,6 +320,7 @@ def functional_requests(module, url, services, orid, timeout, backends):
 
 # Seconds between looks while a unit is starting (one systemctl show and one local HTTP request).
 UNIT_POLL = 0.5
+PROXY_UNIT = "dcu-proxy"
 
 # systemctl show's properties of a unit, enough to tell running, starting and settled failed apart.
 UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts",
@@ -373,6 +400,48 @@ def journal_tail(module, name, lines=5):
     return out.strip().splitlines()[-lines:] if rc == 0 else []
 
 
+def configured_listen(path):
+    """dcu-proxy's `listen` as its configuration file says (proxy.yml's top-level key, as dcu_proxy writes it), or
+    None when the file or the key is not there."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except (IOError, OSError):
+        return None
+    match = re.search(r"^listen:[ \t]*(\S+)", text, re.M)
+    return match.group(1).strip("'\"") if match else None
+
+
+def refused_verdict(url, source, config, listen, unit, refused_for, grace):
+    """Why waiting longer for a proxy that refuses connections on `url` would not help, or None while it may still
+    come: its configuration names another address for this host's proxy (at once), or its unit has settled - active,
+    or failed - and it has refused for `grace` seconds. `unit`: unit_state() of dcu-proxy, or None when systemd
+    cannot be asked (then only the configuration can tell)."""
+    said = "dcu-proxy refuses connections on %s%s" % (url, " (the URL from %s)" % source if source else "")
+    try:
+        configured = addresses.local_url(listen)
+    except addresses.ListenError:
+        configured = None
+    here = urlsplit(url).hostname or ""
+    if configured and configured != url and (here == "localhost" or addresses.is_loopback(here)):
+        return ("%s, but %s says it listens on %s, which is %s: the URL is not the proxy's - a dcu_proxy_listen given "
+                "to this play that differs from the one the proxy was installed with is the usual cause (run "
+                "playbooks/serving.yml with it, or drop it)" % (said, config, listen, configured))
+    if unit is not None and unit["state"] in ("active", "failed") and refused_for >= grace:
+        return ("%s for %ds, and dcu-proxy.service %s%s - systemctl status dcu-proxy; journalctl -u dcu-proxy" % (
+            said, refused_for, unit["why"], "; %s says it listens on %s" % (config, listen) if listen else ""))
+    return None
+
+
+def proxy_unit(module, systemctl):
+    """unit_state() of dcu-proxy, or None where systemd cannot be asked (no systemctl, no systemd)."""
+    if not systemctl:
+        return None
+    rc, out, _err = module.run_command([systemctl, "show", "--property=" + ",".join(UNIT_PROPERTIES), PROXY_UNIT])
+    shown = parse_show(out).get(PROXY_UNIT) if rc == 0 else None
+    return unit_state(PROXY_UNIT, shown, module.params["unit_failures"], time.monotonic()) if shown else None
+
+
 def argument_problem(p):
     """The first argument error, naming the option, or None. Checked before anything is polled."""
     url = urlsplit(p["url"])
@@ -396,6 +465,8 @@ def argument_problem(p):
             % p["unit_failures"]
     if p["report_every"] < 0:
         return "report_every: %s is negative; give seconds between progress reports (0 for none)" % p["report_every"]
+    if p["refused_grace"] < 0:
+        return "refused_grace: %s is negative; give the seconds a refusing proxy is waited for" % p["refused_grace"]
     return None
 
 
@@ -403,6 +474,9 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", default="http://127.0.0.1:8000"),
+            url_source=dict(type="str"),
+            proxy_config=dict(type="path", default=host_paths.host_path("proxy_config")),
+            refused_grace=dict(type="float", default=5),
             expected=dict(type="int"),
             timeout=dict(type="float", default=300),
             interval=dict(type="float", default=2),
@@ -430,6 +504,7 @@ def main():
     deadline = started + p["timeout"]
     report_at = started + p["report_every"] if p["report_every"] else None
     units, starting = {}, []
+    refused_since = listen = None
     while True:
         if names:
             units = read_units(module, systemctl, names)
@@ -444,6 +519,19 @@ def main():
                 module.fail_json(msg="%d of %d units failed (after %ss): %s" % (
                     len(failed), len(names), elapsed, "; ".join(lines)), units=list(units.values()), elapsed=elapsed)
         status = request(url + "/__lb_status", timeout=5)
+        if status.error == "connection refused":
+            now = time.monotonic()
+            if refused_since is None:
+                refused_since, listen = now, configured_listen(p["proxy_config"])
+            unit = units.get(PROXY_UNIT) or proxy_unit(module, systemctl or module.get_bin_path("systemctl"))
+            why = refused_verdict(url, p["url_source"], p["proxy_config"], listen, unit, now - refused_since,
+                                  p["refused_grace"])
+            if why:
+                elapsed = round(now - started, 2)
+                module.fail_json(msg="%s (after %ss)" % (why, elapsed), healthy=0, total=0, summary="0/0",
+                                 elapsed=elapsed, backends=[], units=list(units.values()))
+        else:
+            refused_since = None
         body = status.body if status.ok and isinstance(status.body, dict) else None
         healthy, total = (serving(body), int(body.get("total", 0))) if body is not None else (0, 0)
         expected = p["expected"] if p["expected"] is not None else total
@@ -468,8 +556,9 @@ def main():
     if body is None:
         cause = status.error or "HTTP %s" % status.status
         module.fail_json(
-            msg="dcu-proxy does not answer on %s/__lb_status (%s) after %ss — systemctl status dcu-proxy; "
-                "journalctl -u dcu-proxy" % (url, cause, elapsed),
+            msg="dcu-proxy does not answer on %s/__lb_status (%s)%s after %ss — systemctl status dcu-proxy; "
+                "journalctl -u dcu-proxy" % (url, cause, "; the URL is from %s" % p["url_source"] if p["url_source"]
+                                             else "", elapsed),
             healthy=0, total=0, summary="0/0", elapsed=elapsed, backends=[], units=list(units.values()))
 
     probe = p["check_backends"] or healthy < expected
@@ -490,8 +579,8 @@ def main():
             problems.append("%s: %s — journalctl -u %s" % (where, b["diagnosis"], b["unit"]))
     problems.extend("%s still %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting")
     if total < expected:
-        problems.insert(0, "the proxy knows %d backends, %d expected — check /etc/dcu-serving/proxy.yml"
-                        % (total, expected))
+        problems.insert(0, "the proxy knows %d backends, %d expected — check %s" % (
+            total, expected, p["proxy_config"]))
     if healthy < expected or starting or (p["check_backends"] and problems):
         module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
             healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)

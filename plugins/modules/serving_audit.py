@@ -178,6 +178,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dcu.serving.plugins.module_utils import host_paths
+
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -269,15 +271,15 @@ def proxy_version(venv):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state_dir=dict(type="path", default="/var/lib/dcu-serving"),
+            state_dir=dict(type="path", default=host_paths.host_path("state_dir")),
             hyhal_dir=dict(type="path", default="/opt/hyhal"),
             dtk_link=dict(type="path", default="/opt/dtk"),
             images=dict(type="list", elements="str", default=[]),
             containers=dict(type="list", elements="str", default=[]),
             engine=dict(type="str", default="docker"),
             model_dirs=dict(type="list", elements="path", default=[]),
-            proxy_venv=dict(type="path", default="/opt/dcu-serving/venv"),
-            proxy_config=dict(type="path", default="/etc/dcu-serving/proxy.yml"),
+            proxy_venv=dict(type="path", default=host_paths.host_path("proxy_venv")),
+            proxy_config=dict(type="path", default=host_paths.host_path("proxy_config")),
             report_dir=dict(type="path"),  # the action plugin's, on the controller
             report=dict(type="dict"),
             gateway=dict(type="dict"),  # the action plugin's, on the controller
@@ -287,10 +289,11 @@ def main():
     p = module.params
     engine = module.get_bin_path(p["engine"]) if p["images"] or p["containers"] else None
     found = inspect(module, engine, p["images"] + p["containers"])
-    dtk = read_json(os.path.join(p["state_dir"], "dtk-install.json")) or {}
+    # The records' names in the role's state directory (state_dir moves them all, as on a test tree).
+    dtk = read_json(os.path.join(p["state_dir"], os.path.basename(host_paths.host_path("dtk_record")))) or {}
     module.exit_json(
         changed=False,
-        driver=read_json(os.path.join(p["state_dir"], "rock-install.json")),
+        driver=read_json(os.path.join(p["state_dir"], os.path.basename(host_paths.host_path("install_record")))),
         dtk=dict(dtk, link=os.path.realpath(p["dtk_link"]) if os.path.exists(p["dtk_link"]) else None),
         hyhal={"path": os.path.realpath(p["hyhal_dir"]) if os.path.exists(p["hyhal_dir"]) else None,
                "version": read_text(os.path.join(p["hyhal_dir"], ".info", "version")),

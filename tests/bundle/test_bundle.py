@@ -14,8 +14,8 @@ import yaml
 from dcu_serving.bundle import cli
 from dcu_serving.bundle.build import BuildError, expand_platforms
 from dcu_serving.bundle.checksum import ChecksumCache
+from dcu_serving.bundle.index import verify
 from dcu_serving.bundle.manifest import ManifestError, parse
-from dcu_serving.bundle.verify import verify
 from support import REPO
 
 
@@ -49,7 +49,7 @@ def test_build_holds_every_kind_with_sums_and_image_identity(build, manifest, tm
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count(": OK") == len(doc["artifacts"])
-    assert verify(bundle, ChecksumCache(None)) == []
+    assert verify(bundle, ChecksumCache(None))[1] == []
 
 
 @pytest.mark.docker  # the manifest holds an image from the local engine
@@ -65,7 +65,7 @@ def test_verify_reports_every_problem(build, manifest, tmp_path, capsys):
     removed.unlink()
     (bundle / "wheels" / "smuggled-1.0-py3-none-any.whl").write_bytes(b"not in the index")
 
-    problems = {(p.problem, p.file) for p in verify(bundle, ChecksumCache(tmp_path / "sha256-cache.json"))}
+    problems = {(p["problem"], p["file"]) for p in verify(bundle, ChecksumCache(tmp_path / "sha256-cache.json"))[1]}
     assert problems == {
         ("mismatch", "driver/rock-6.3.30-V1.4.1a.run"),
         ("missing", "dtk/DTK-26.04-Debian12-x86_64.tar.gz"),
@@ -100,7 +100,7 @@ def test_rebuild_repairs_a_damaged_bundle(build, manifest, tmp_path):
     assert actions["driver/rock-6.3.30-V1.4.1a.run"] == "fetched"
     assert actions["dtk/DTK-26.04-Debian12-x86_64.tar.gz"] == "fetched"
     assert {a for f, a in actions.items() if not f.startswith(("driver/", "dtk/"))} == {"kept"}
-    assert verify(bundle, ChecksumCache(None)) == []
+    assert verify(bundle, ChecksumCache(None))[1] == []
 
 
 def test_a_source_with_another_sum_is_refused(build, local_manifest, tmp_path):

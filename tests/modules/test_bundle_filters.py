@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.bundle import (
+from ansible_collections.dcu.serving.plugins.plugin_utils.bundle_stage import (
     bundle_stage_dirs,
     bundle_staged,
     bundle_unlisted,
@@ -63,3 +63,15 @@ def test_unlisted_files_go_and_chunks_of_listed_artifacts_stay():
 def test_unlisted_refuses_a_path_outside_the_stage_dir():
     with pytest.raises(AnsibleFilterError, match="not under"):
         bundle_unlisted(["/etc/passwd"], STAGE, [RUN])
+
+
+def test_the_roles_check_the_index_format_with_the_verifiers_own_words():
+    from ansible_collections.dcu.serving.plugins.module_utils.bundle_index import index_problem
+
+    good = {"format": 1, "artifacts": [{"name": "rock", "kind": "driver", "version": "6.3", "file": "driver/r.run",
+                                        "sha256": "0" * 64, "size": 1}]}
+    assert index_problem(good, "/b/index.json") == ""
+    assert index_problem({"format": 2, "artifacts": []}, "/b/index.json") == (
+        '/b/index.json: expected {"format": 1, "artifacts": [...]}')
+    bad = {"format": 1, "artifacts": [dict(good["artifacts"][0], kind="firmware")]}
+    assert index_problem(bad, "/b/index.json").startswith("/b/index.json: artifacts[0].kind 'firmware' is not one of")

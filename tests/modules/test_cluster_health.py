@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from support import free_port
@@ -82,3 +85,56 @@ def test_a_proxy_that_does_not_report_draining_is_taken_at_its_healthy_count(mod
         {"url": "http://127.0.0.1:8002", "healthy": True, "active": 0, "last_error": None}]})})
     result = module_runner("cluster_health", {"url": status.url, "expected": 1, "timeout": 5})
     assert not result.get("failed") and result["summary"] == "1/1", result
+
+
+def _fake_systemctl(bin_dir, active="active", sub="running"):
+    """systemctl show as systemd answers it for dcu-proxy, whatever the machine's own systemd is."""
+    script = bin_dir / "systemctl"
+    script.write_text("#!/bin/sh\nprintf 'Id=dcu-proxy.service\\nLoadState=loaded\\nActiveState=%s\\nSubState=%s\\n"
+                      "Result=success\\nNRestarts=0\\nStateChangeTimestampMonotonic=1\\n' " f"{active} {sub}\n")
+    script.chmod(0o755)
+
+
+def test_a_url_that_is_not_where_the_proxy_listens_fails_at_once_naming_both(module_runner, tmp_path):
+    """The issue's case: dcu-proxy moved to :9000, the play asks :8000 - named in seconds, not after 300 s."""
+    config = tmp_path / "proxy.yml"
+    config.write_text("admin:\n  listen: 127.0.0.1:8001\nlisten: 0.0.0.0:9000\nbackends: []\n")
+    started = time.monotonic()
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 300, "interval": 0.1,
+                                              "url_source": "dcu_proxy_listen 0.0.0.0:8000 (a stale -e)",
+                                              "proxy_config": str(config)})
+    took = time.monotonic() - started
+    assert result.get("failed"), result
+    assert took < 10, f"{took:.1f}s"
+    assert result["msg"].startswith(f"dcu-proxy refuses connections on {CLOSED} (the URL from dcu_proxy_listen "
+                                    f"0.0.0.0:8000 (a stale -e)), but {config} says it listens on 0.0.0.0:9000, "
+                                    "which is http://127.0.0.1:9000: the URL is not the proxy's"), result["msg"]
+
+
+def test_a_proxy_that_is_active_but_refuses_fails_after_the_grace(module_runner, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_systemctl(bin_dir)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started = time.monotonic()
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 300, "interval": 0.2, "refused_grace": 1,
+                                              "url_source": "dcu_proxy_listen 0.0.0.0:8000",
+                                              "proxy_config": str(tmp_path / "absent.yml")})
+    took = time.monotonic() - started
+    assert result.get("failed"), result
+    assert 1 <= took < 10, f"{took:.1f}s"
+    assert f"dcu-proxy refuses connections on {CLOSED} (the URL from dcu_proxy_listen 0.0.0.0:8000) for 1s, and " \
+           "dcu-proxy.service active (running)" in result["msg"], result["msg"]
+
+
+def test_a_proxy_still_starting_is_waited_for(module_runner, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_systemctl(bin_dir, "activating", "start")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    result = module_runner("cluster_health", {"url": CLOSED, "timeout": 1.5, "interval": 0.2, "refused_grace": 0.5,
+                                              "url_source": "dcu_proxy_listen 0.0.0.0:8000",
+                                              "proxy_config": str(tmp_path / "absent.yml")})
+    assert result.get("failed"), result
+    assert result["msg"].startswith(f"dcu-proxy does not answer on {CLOSED}/__lb_status (connection refused); "
+                                    "the URL is from dcu_proxy_listen 0.0.0.0:8000 after 1."), result["msg"]

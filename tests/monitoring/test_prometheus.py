@@ -54,23 +54,27 @@ def rendered(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize(("extra", "says"), [
-    ({"dcu_prometheus_listen": "9090"}, "dcu_prometheus_listen is \"9090\": give HOST:PORT"),
-    ({"dcu_prometheus_hosts": []}, "dcu_prometheus_hosts is empty"),
+@pytest.mark.parametrize(("extra", "task", "says"), [
+    ({"dcu_prometheus_listen": "9090"}, "Export where Prometheus answers",
+     "dcu_prometheus_listen is '9090': give HOST:PORT"),
+    ({"dcu_prometheus_hosts": []}, "Check the settings and what the serving hosts export",
+     "dcu_prometheus_hosts is empty"),
 ])
-def test_bad_settings_stop_the_role_at_its_first_task_naming_the_variable(extra, says):
+def test_bad_settings_stop_the_role_at_its_first_tasks_naming_the_variable(extra, task, says):
     proc = playbook("role.yml", "-e", json.dumps(extra))
     assert proc.returncode != 0
-    assert "TASK [dcu.serving.dcu_prometheus : Check the settings]" in proc.stdout, proc.stdout[-2000:]
+    assert f"TASK [dcu.serving.dcu_prometheus : {task}]" in proc.stdout, proc.stdout[-2000:]
     assert says in proc.stdout, proc.stdout[-2000:]
+    assert "Read the bundle index" not in proc.stdout
 
 
-def test_hosts_whose_instances_are_unknown_are_named_with_the_playbook_that_reads_them():
-    """node-c's instances were never read (no dcu_vllm in the run, nor in its inventory)."""
+def test_hosts_whose_roles_exported_nothing_are_named_with_how_to_have_them_exported():
+    """node-c's roles exported nothing in the run (it is no serving host of the inventory)."""
     proc = playbook("role.yml", "-e", json.dumps({"dcu_prometheus_hosts": ["node-a", "node-c"]}))
     assert proc.returncode != 0
-    assert "The vLLM instances of node-c are unknown in this run" in proc.stdout, proc.stdout[-2000:]
-    assert "playbooks/monitoring.yml" in proc.stdout
+    assert "dcu_monitoring_exporter_public_url of node-c is unknown in this run: dcu_monitoring exports it" \
+        in proc.stdout, proc.stdout[-2000:]
+    assert "run the playbook without --limit" in proc.stdout
 
 
 def test_every_exporter_instance_and_proxy_of_the_inventory_is_scraped(rendered):

@@ -4,20 +4,10 @@ A bundle is a directory with every artifact an air-gapped host needs, described 
 (format 1: name, kind, version, file, sha256, size, source; images add refs and config_digest) and
 `SHA256SUMS` (`sha256sum -c` compatible). `dcu-bundle build` makes one from a manifest,
 `dcu-bundle verify` checks one offline and reports every problem. It needs nothing beyond the base
-install of dcu-serving (PyYAML).
+install of dcu-serving (PyYAML). The format is defined, read and verified in one module shared with the
+collection's bundle_verify: dcu_serving.bundle.index, a symlink to plugins/module_utils/bundle_index.py.
 """
 
-KINDS = {
-    "driver": "driver",
-    "dtk": "dtk",
-    "hyhal": "hyhal",
-    "deb": "debs",
-    "image": "images",
-    "wheel": "wheels",
-    "collection": "collections",
-}
-"""Artifact kinds and the bundle subdirectory each lives in."""
+from dcu_serving.bundle.index import FORMAT, INDEX, KINDS, SUMS
 
-INDEX = "index.json"
-SUMS = "SHA256SUMS"
-FORMAT = 1
+__all__ = ["FORMAT", "INDEX", "KINDS", "SUMS"]

@@ -27,8 +27,9 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from dcu_serving.bundle import INDEX, KINDS, SUMS
+from dcu_serving.bundle.artifact import Artifact, read_artifacts, write_artifacts
 from dcu_serving.bundle.checksum import ChecksumCache
-from dcu_serving.bundle.index import Artifact, BundleIndexError, read_index, write_index
+from dcu_serving.bundle.index import PART_SUFFIX, BundleIndexError
 from dcu_serving.bundle.manifest import FileSpec, ImageSpec, Manifest, WheelSpec
 
 CHUNK = 4 * 1024 * 1024
@@ -117,7 +118,7 @@ class Builder:
     def _stream(self, file: str, chunks, label: str, total: int | None = None,
                 approx: bool = False) -> tuple[Path, str, int]:
         """Write chunks to <file>.part while hashing them; returns (part path, sha256, size)."""
-        part = self.out / (file + ".part")
+        part = self.out / (file + PART_SUFFIX)
         part.parent.mkdir(parents=True, exist_ok=True)
         digest, size = hashlib.sha256(), 0
         meter = self.progress.meter(label, total, approx)
@@ -143,7 +144,7 @@ class Builder:
                 (prev and prev.sha256 == digest and self._verified(file, digest)) or dest.read_bytes() == data):
             return False
         dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(dest.name + ".part")
+        part = dest.with_name(dest.name + PART_SUFFIX)
         part.write_bytes(data)
         self._install(part, file, digest)
         return True
@@ -186,7 +187,7 @@ class Builder:
 
     def _download(self, spec: FileSpec, label: str) -> tuple[Path, str, int]:
         """HTTP(S) download that resumes a `.part` left by an interrupted run (Range request)."""
-        part = self.out / (spec.file + ".part")
+        part = self.out / (spec.file + PART_SUFFIX)
         part.parent.mkdir(parents=True, exist_ok=True)
         have = part.stat().st_size if part.is_file() else 0
         req = urllib.request.Request(spec.src, headers={"Range": f"bytes={have}-"} if have else {})
@@ -401,7 +402,7 @@ class Builder:
     def run(self) -> list[Artifact]:
         self.out.mkdir(parents=True, exist_ok=True)
         try:
-            self.previous = {a.file: a for a in read_index(self.out)}
+            self.previous = {a.file: a for a in read_artifacts(self.out)}
         except BundleIndexError:
             self.previous = {}
         arts: list[Artifact | None] = []
@@ -425,7 +426,7 @@ class Builder:
             d = self.out / sub
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
-        if write_index(self.out, final):
+        if write_artifacts(self.out, final):
             self.progress.say(f"wrote {INDEX} and {SUMS} ({len(final)} artifacts)")
         return final
 

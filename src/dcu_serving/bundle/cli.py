@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
+from dcu_serving.bundle.artifact import read_artifacts
 from dcu_serving.bundle.build import Builder, BuildError, Progress, human
 from dcu_serving.bundle.checksum import ChecksumCache, default_cache_path
-from dcu_serving.bundle.index import BundleIndexError, read_index
+from dcu_serving.bundle.index import BundleIndexError, describe, verify
 from dcu_serving.bundle.manifest import ManifestError, parse
-from dcu_serving.bundle.verify import verify
 
 
 def _cache(args) -> ChecksumCache:
@@ -59,22 +59,21 @@ def cmd_build(args) -> int:
 
 def cmd_verify(args) -> int:
     bundle = Path(args.bundle)
-    problems = verify(bundle, _cache(args))
+    index, problems = verify(bundle, _cache(args))
     if args.json:
-        print(json.dumps({"ok": not problems, "bundle": str(bundle.resolve()),
-                          "problems": [p.__dict__ for p in problems]}, indent=1))
+        print(json.dumps({"ok": not problems, "bundle": str(bundle.resolve()), "problems": problems}, indent=1))
     elif problems:
         for p in problems:
-            print(p)
+            print(describe(p))
         print(f"{bundle}: {len(problems)} problem(s)", file=sys.stderr)
     else:
-        print(f"{bundle}: OK ({len(read_index(bundle))} artifacts, every sum verified, no unlisted file)")
+        print(f"{bundle}: OK ({len(index['artifacts'])} artifacts, every sum verified, no unlisted file)")
     return 1 if problems else 0
 
 
 def cmd_list(args) -> int:
     try:
-        artifacts = read_index(Path(args.bundle))
+        artifacts = read_artifacts(Path(args.bundle))
     except BundleIndexError as e:
         print(f"dcu-bundle: {e}", file=sys.stderr)
         return 1

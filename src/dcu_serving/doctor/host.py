@@ -10,14 +10,21 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-# Written by the roles (roles/dcu_driver, roles/dcu_vllm, roles/dcu_proxy).
-ACCESS_RECORD = "device-access.json"
-INSTALL_RECORD = "rock-install.json"
-VLLM_ENV_DIR = "dcu-serving/vllm"
-PROXY_CONFIG = "dcu-serving/proxy.yml"
-PROXY_UNIT = "systemd/system/dcu-proxy.service"
-VLLM_UNIT = "systemd/system/vllm@.service"
-REBOOT_MARKER = "/run/dcu-driver.reboot-required"
+from dcu_serving import host_paths
+
+# Written by the roles (roles/dcu_driver, roles/dcu_vllm, roles/dcu_proxy), where the collection's one list of
+# host paths says (dcu_serving/host_paths.py), under the doctor's roots (a test tree maps them elsewhere).
+ACCESS_RECORD = host_paths.relative("access_record", host_paths.STATE_DIR)
+INSTALL_RECORD = host_paths.relative("install_record", host_paths.STATE_DIR)
+VLLM_ENV_DIR = host_paths.relative("vllm_env_dir", "/etc")
+PROXY_CONFIG = host_paths.relative("proxy_config", "/etc")
+PROXY_UNIT = host_paths.relative("proxy_unit", "/etc")
+VLLM_UNIT = host_paths.relative("vllm_unit", "/etc")
+EXPORTER_UNIT = host_paths.relative("exporter_unit", "/etc")
+DRIVER_BOOT_UNIT = host_paths.relative("driver_boot_unit", "/etc")
+DRIVER_BOOT_WANTS = "systemd/system/multi-user.target.wants/dcu-driver.service"
+AUDIT_LOG = "audit/audit.log"
+REBOOT_MARKER = host_paths.host_path("reboot_marker")
 
 
 @dataclass
@@ -26,10 +33,11 @@ class Roots:
     dev: str = "/dev"
     etc: str = "/etc"
     proc: str = "/proc"
-    state: str = "/var/lib/dcu-serving"
+    state: str = host_paths.STATE_DIR
     hyhal: str = "/opt/hyhal"
     dtk: str = "/opt/dtk"
     run: str = "/run"
+    log: str = "/var/log"
 
 
 @dataclass
@@ -41,6 +49,8 @@ class Instance:
     image: str | None
     image_id: str | None
     model: str | None
+    serve_args: str = ""
+    run_options: str = ""
 
     @property
     def unit(self) -> str:
@@ -127,7 +137,8 @@ class Host:
             env = parse_env(self.read(os.path.join(directory, name)) or "")
             port = env.get("DCU_VLLM_PORT", "")
             found.append(Instance(name[:-4], int(port) if port.isdigit() else None, env.get("DCU_VLLM_IMAGE"),
-                                  env.get("DCU_VLLM_IMAGE_ID"), env.get("DCU_VLLM_MODEL")))
+                                  env.get("DCU_VLLM_IMAGE_ID"), env.get("DCU_VLLM_MODEL"),
+                                  env.get("DCU_VLLM_SERVE_ARGS", ""), env.get("DCU_VLLM_RUN_OPTIONS", "")))
         # vllm@2 before vllm@10, services by name
         return sorted(found, key=lambda i: [int(part) if part.isdigit() else part
                                             for part in re.split(r"(\d+)", i.name)])

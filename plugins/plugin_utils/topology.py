@@ -1,0 +1,112 @@
+# Copyright: dcu-serving contributors
+# Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""What connects to what: a host's dcu-proxy backends from its vLLM instances, and across the fleet the
+addresses each host's pieces are reached at (Prometheus' targets, the gateway's hosts) from the facts each
+role exports. Every list here is built from exported facts, never from another role's defaults."""
+
+from urllib.parse import urlsplit
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dcu.serving.plugins.module_utils.addresses import is_loopback, url_host
+
+
+def proxy_backends(instances):
+    """dcu-proxy's `backends` in the model-services form: one entry per instance, {url, models, kind,
+    concurrency (its --max-num-seqs), max_model_len}, in instance order (docs/proxy.md)."""
+    backends = []
+    for instance in instances or []:
+        entry = {"url": instance["url"], "models": list(instance.get("models") or [instance.get("model")]),
+                 "kind": instance.get("kind") or "chat"}
+        if instance.get("max_num_seqs"):
+            entry["concurrency"] = int(instance["max_num_seqs"])
+        if instance.get("max_model_len"):
+            entry["max_model_len"] = int(instance["max_model_len"])
+        backends.append(entry)
+    return backends
+
+
+def exporter_card_units(instances):
+    """{"<card index>": unit} over every card of every instance: the exporter labels a card's metrics with the unit
+    of the instance on it (the `unit` label Prometheus gives that instance's own metrics)."""
+    units = {}
+    for instance in instances or []:
+        for card in instance.get("cards") or [instance.get("card")]:
+            units[str(card)] = instance["unit"]
+    return units
+
+
+def facts_by_host(hosts, hostvars, name, missing=None):
+    """{host: hostvars[host][name]} for each host, `missing` where the host has no such fact."""
+    return dict((host, hostvars.get(host, {}).get(name, missing)) for host in hosts or [])
+
+
+def _exported(hostvars, host, name, role, entry):
+    """A fact `name` that role `role` exports on `host`, or an error saying how to have it exported."""
+    facts = hostvars.get(host, {})
+    if name not in facts:
+        raise AnsibleFilterError(
+            "{} of {} is unknown in this run: {} exports it (its tasks_from: {}) in a play on that host before this "
+            "one; run the playbook without --limit, or over every serving host".format(name, host, role, entry))
+    return facts[name]
+
+
+def _target(url):
+    """host:port of a URL, as Prometheus' static_configs take it ([::1]:9400 for IPv6)."""
+    return urlsplit(url).netloc
+
+
+def prometheus_targets(hosts, hostvars, here):
+    """The scrape targets per job, [{targets, labels}] as Prometheus' static_configs take them: every serving host's
+    dcu-exporter, vLLM instances and dcu-proxy, at the addresses their roles export - the local ones when the host
+    is `here` (Prometheus' own host), the public ones otherwise. Every target carries `host`, the vLLM instances
+    their `unit` (what to restart)."""
+    jobs = {"dcu-exporter": [], "vllm": [], "dcu-proxy": []}
+    for host in hosts or []:
+        local = host == here
+        for job, role, fact in (("dcu-exporter", "dcu_monitoring", "dcu_monitoring_exporter_url"),
+                                ("dcu-proxy", "dcu_proxy", "dcu_proxy_url")):
+            url = _exported(hostvars, host, fact if local else fact.replace("_url", "_public_url"), role, "exports")
+            if not local and not reachable_url(url):
+                raise AnsibleFilterError(
+                    "{} of {} is {}: it listens on loopback only, so Prometheus on {} cannot scrape it; make it listen "
+                    "where {} reaches it (e.g. {}: 0.0.0.0:PORT) or run Prometheus on {}".format(
+                        job, host, url, here, here, fact[:-len("_url")] + "_listen", host))
+            jobs[job].append({"targets": [_target(url)], "labels": {"host": host}})
+        address = None if local else str(hostvars[host].get("ansible_host") or host)
+        for instance in _exported(hostvars, host, "dcu_vllm_instances", "dcu_vllm", "instances"):
+            target = _target(instance["url"]) if local else "{}:{}".format(url_host(address), instance["port"])
+            jobs["vllm"].append({"targets": [target], "labels": {"host": host, "unit": instance["unit"]}})
+    return jobs
+
+
+def prometheus_expected_cards(hosts, hostvars):
+    """{host: the cards it must show} (dcu_vllm exports dcu_vllm_card_count), for the CardMissing alert."""
+    return dict((host, int(_exported(hostvars, host, "dcu_vllm_card_count", "dcu_vllm", "instances")))
+                for host in hosts or [])
+
+
+def gateway_hosts(hosts, hostvars):
+    """The serving hosts as the gateway reaches them, [{name, url, models}]: each host's dcu-proxy at its exported
+    public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port, serving
+    the models its dcu_vllm exports (dcu_vllm_models)."""
+    out = []
+    for host in hosts or []:
+        url = _exported(hostvars, host, "dcu_proxy_public_url", "dcu_proxy", "exports")
+        override = hostvars[host].get("dcu_gateway_address")
+        if override:
+            url = "http://{}:{}".format(url_host(str(override)), urlsplit(url).port)
+        elif not reachable_url(url):
+            raise AnsibleFilterError(
+                "dcu-proxy of {} listens on loopback only ({}): the gateway cannot reach it; set dcu_proxy_listen to "
+                "an address the gateway reaches (e.g. 0.0.0.0:8000), or dcu_gateway_address in its host vars".format(
+                    host, url))
+        out.append({"name": host, "url": url,
+                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports"))})
+    return out
+
+
+def reachable_url(url):
+    """Whether a URL names a host other hosts can reach (not loopback)."""
+    return not is_loopback(urlsplit(url).hostname or "")

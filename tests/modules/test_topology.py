@@ -1,0 +1,96 @@
+"""The fleet's wiring from what each role exports (plugin_utils/topology.py): Prometheus' targets, the cards each
+host must show, the gateway's hosts - every port and address read from the owning role's export, never from a
+copy of its default; a host that exported nothing, or that listens where the reader cannot reach it, is named."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.dcu.serving.plugins.plugin_utils.topology import (
+    gateway_hosts,
+    prometheus_expected_cards,
+    prometheus_targets,
+    proxy_backends,
+)
+
+
+def exported(address, proxy_port=8000, exporter="127.0.0.1:9400", base_port=8002, cards=2, models=("m",)):
+    """A serving host's facts as dcu_proxy, dcu_monitoring and dcu_vllm export them."""
+    exporter_host, exporter_port = exporter.rsplit(":", 1)
+    exporter_public = address if exporter_host in ("", "0.0.0.0") else exporter_host
+    return {
+        "ansible_host": address,
+        "dcu_proxy_url": f"http://127.0.0.1:{proxy_port}", "dcu_proxy_public_url": f"http://{address}:{proxy_port}",
+        "dcu_monitoring_exporter_url": f"http://{exporter_host.replace('0.0.0.0', '127.0.0.1') or '127.0.0.1'}"
+                                       f":{exporter_port}",
+        "dcu_monitoring_exporter_public_url": f"http://{exporter_public}:{exporter_port}",
+        "dcu_vllm_instances": [{"unit": f"vllm@{n}", "port": base_port + n, "url": f"http://127.0.0.1:{base_port + n}",
+                                "card": n, "cards": [n]} for n in range(cards)],
+        "dcu_vllm_card_count": cards,
+        "dcu_vllm_models": list(models),
+    }
+
+
+HOSTVARS = {
+    "node-a": exported("10.0.0.11"),
+    # every port moved off its default
+    "node-b": exported("10.0.0.12", proxy_port=9000, exporter="0.0.0.0:9500", base_port=8100, cards=1,
+                       models=("qwen", "bge")),
+}
+
+
+def test_prometheus_scrapes_its_own_host_on_loopback_and_the_others_where_they_listen():
+    jobs = prometheus_targets(["node-a", "node-b"], HOSTVARS, "node-a")
+    assert jobs == {
+        "dcu-exporter": [{"targets": ["127.0.0.1:9400"], "labels": {"host": "node-a"}},
+                         {"targets": ["10.0.0.12:9500"], "labels": {"host": "node-b"}}],
+        "dcu-proxy": [{"targets": ["127.0.0.1:8000"], "labels": {"host": "node-a"}},
+                      {"targets": ["10.0.0.12:9000"], "labels": {"host": "node-b"}}],
+        "vllm": [{"targets": ["127.0.0.1:8002"], "labels": {"host": "node-a", "unit": "vllm@0"}},
+                 {"targets": ["127.0.0.1:8003"], "labels": {"host": "node-a", "unit": "vllm@1"}},
+                 {"targets": ["10.0.0.12:8100"], "labels": {"host": "node-b", "unit": "vllm@0"}}],
+    }
+    assert prometheus_expected_cards(["node-a", "node-b"], HOSTVARS) == {"node-a": 2, "node-b": 1}
+
+
+def test_an_exporter_on_loopback_of_another_host_is_refused_naming_its_variable():
+    with pytest.raises(AnsibleFilterError, match=r"dcu-exporter of node-a is http://127.0.0.1:9400: it listens on "
+                                                 r"loopback only, so Prometheus on node-b cannot scrape it; .*"
+                                                 r"dcu_monitoring_exporter_listen: 0.0.0.0:PORT"):
+        prometheus_targets(["node-a", "node-b"], HOSTVARS, "node-b")
+
+
+def test_a_host_whose_roles_exported_nothing_in_this_run_is_named():
+    with pytest.raises(AnsibleFilterError, match="dcu_monitoring_exporter_public_url of node-c is unknown in this run: "
+                                                 "dcu_monitoring exports it"):
+        prometheus_targets(["node-a", "node-c"], dict(HOSTVARS, **{"node-c": {"ansible_host": "10.0.0.13"}}),
+                           "node-a")
+    with pytest.raises(AnsibleFilterError, match="dcu_vllm_card_count of node-c is unknown in this run"):
+        prometheus_expected_cards(["node-c"], {"node-c": {}})
+
+
+def test_the_gateway_reaches_each_proxy_where_it_listens_or_at_its_gateway_address():
+    hostvars = dict(HOSTVARS, **{"node-b": dict(HOSTVARS["node-b"], dcu_gateway_address="192.168.7.12")})
+    assert gateway_hosts(["node-a", "node-b"], hostvars) == [
+        {"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m"]},
+        {"name": "node-b", "url": "http://192.168.7.12:9000", "models": ["qwen", "bge"]},
+    ]
+
+
+def test_a_proxy_on_loopback_cannot_be_a_gateways_host():
+    hostvars = {"node-a": dict(HOSTVARS["node-a"], dcu_proxy_public_url="http://127.0.0.1:8000")}
+    with pytest.raises(AnsibleFilterError, match="dcu-proxy of node-a listens on loopback only"):
+        gateway_hosts(["node-a"], hostvars)
+    with pytest.raises(AnsibleFilterError, match="dcu_proxy_public_url of node-z is unknown in this run"):
+        gateway_hosts(["node-z"], {})
+
+
+def test_proxy_backends_name_each_instances_models_kind_and_limits():
+    instances = [{"url": "http://127.0.0.1:8002", "models": ["qwen", "qwen-chat"], "kind": "chat",
+                  "max_num_seqs": 8, "max_model_len": 32768},
+                 {"url": "http://127.0.0.1:8008", "model": "bge", "kind": "embedding"}]
+    assert proxy_backends(instances) == [
+        {"url": "http://127.0.0.1:8002", "models": ["qwen", "qwen-chat"], "kind": "chat", "concurrency": 8,
+         "max_model_len": 32768},
+        {"url": "http://127.0.0.1:8008", "models": ["bge"], "kind": "embedding"}]
