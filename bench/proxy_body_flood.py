@@ -7,8 +7,10 @@ and what does bounding it cost? Two proxies side by side in one run, against the
 
 For each proxy in turn: 32 long requests take every card's slots; then `--callers` (48) send a
 `--body-mib` (24 MiB) chat request each, at once; the proxy's RSS is sampled every 20 ms from before the flood
-until every caller has its answer. Then a normal request, right after. Last, the throughput cost of the
-bound: wrk at 32 connections, short requests, both proxies interleaved (CPU per request and req/s).
+until every caller has its answer. Then a normal request, right after. Then `--half` (100) connections to
+each proxy at once that send half a request's headers and stop: how many each proxy still holds after 65 s
+(idle_timeout is 60 s). Last, the throughput cost of the bound: wrk at 32 connections, short requests, both
+proxies interleaved (CPU per request and req/s).
 
     .venv/bin/python bench/proxy_body_flood.py --baseline /tmp/main/src [--callers 48] [--body-mib 24]
 
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -87,11 +90,46 @@ async def flood(url: str, callers: int, body: bytes) -> dict:
             "normal_status": normal, "normal_ms": normal_ms}
 
 
+def half_headers(urls: list[str], count: int, wait: float) -> list[dict]:
+    """`count` connections per proxy that send half a request's headers; after `wait` s, how many are open and
+    when the closed ones closed."""
+    conns = []
+    for url in urls:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: applic")
+            s.setblocking(False)
+            conns.append((url, s))
+    started = time.monotonic()
+    closed: dict[int, float] = {}
+    while time.monotonic() - started < wait:
+        for i, (_, s) in enumerate(conns):
+            if i in closed:
+                continue
+            try:
+                if s.recv(4096) == b"":
+                    closed[i] = time.monotonic() - started
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed[i] = time.monotonic() - started
+        time.sleep(0.2)
+    out = []
+    for url in urls:
+        times = [closed[i] for i, (u, _) in enumerate(conns) if u == url and i in closed]
+        out.append({"open": count - len(times), "closed_after_s": max(times) if times else None})
+    for _, s in conns:
+        s.close()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="a directory holding the dcu_serving package to compare with")
     ap.add_argument("--callers", type=int, default=48)
     ap.add_argument("--body-mib", type=int, default=24)
+    ap.add_argument("--half", type=int, default=100, help="half-header connections per proxy")
     ap.add_argument("--seconds", type=float, default=10, help="length of each wrk run")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved wrk rounds (median)")
     ap.add_argument("--json", help="also write the figures to this file")
@@ -118,6 +156,8 @@ def main():
         h.sim_pids.clear()
         sims = h.start_sims(8, *FAST_SIM)
         mine, base = h.start_proxy(sims), h.start_proxy(sims, env=env)
+        held = half_headers([mine[0], base[0]], args.half, 65)
+        res["this tree"]["half"], res["baseline"]["half"] = held
         runs = {"this tree": [], "baseline": []}
         for _ in range(args.rounds):
             for name, (url, proc) in (("this tree", mine), ("baseline", base)):
@@ -134,6 +174,11 @@ def main():
     for name, r in res.items():
         print(f"  {name:<10} {r['idle_mb']:>8.0f} {r['peak_mb']:>8.0f} {r['growth_mb']:>8.0f} "
               f"{r['answered_s']:>11.1f}s  {r['statuses']}   {r['normal_status']} in {r['normal_ms']:.0f} ms")
+    print(f"\n== {args.half} connections each that sent half a request's headers, 65 s later ==")
+    for name, r in res.items():
+        after = r["half"]["closed_after_s"]
+        print(f"  {name:<10} {r['half']['open']:>4} still open"
+              + (f"; the others closed after {after:.1f} s at the latest" if after is not None else ""))
     print("\n== the bound's cost: wrk, 32 connections, short requests (median of the rounds) ==")
     for name, r in res.items():
         print(f"  {name:<10} {r['rps']:>8.0f} req/s  CPU {r['cpu_ms_per_req']:.3f} ms/request  errors "
