@@ -39,6 +39,30 @@ SERIES_BY_DEVICE = {
     "0x6211": "K100_AI_ECO",
 }
 
+# Card series joined by PCIe only, without HLink (xGMI-like) bridges: K100, K100_AI, Z100, Z100L and BW10/BW100/BW150
+# are PCIe cards (tensor parallel over them needs IOMMU pass-through, ACS off, HSA_FORCE_FINE_GRAIN_PCIE=1 and no
+# custom all-reduce: docs/field-evidence.md K1, K2); BW1000 and BW1100 are OAM modules on HLink (installer log
+# "Selected hlink type: OAM_7HSW_8HCU"). Used by the services (plugin_utils/services.py) and dcu-doctor.
+PCIE_ONLY_SERIES = frozenset(["K100", "K100_AI", "K100_AI_ECO", "Z100", "Z100L", "BW10", "BW100", "BW150"])
+HLINK_SERIES = frozenset(["BW1000", "BW1100"])
+
+
+def series_key(series):
+    """'K100-AI' and 'k100 ai' -> 'K100_AI': series names as the sets above spell them."""
+    return re.sub(r"[-\s]+", "_", str(series or "").strip().upper())
+
+
+def interconnect(series_list):
+    """'hlink' when every card is an HLink (OAM) series, 'pcie' when one is PCIe-only, else 'unknown' (hy-smi says
+    only 'BW' on some boxes: treat as PCIe, whose settings are harmless on HLink)."""
+    keys = [series_key(s) for s in series_list]
+    if keys and all(k in HLINK_SERIES for k in keys):
+        return "hlink"
+    if any(k in PCIE_ONLY_SERIES for k in keys):
+        return "pcie"
+    return "unknown"
+
+
 # Kernel module names: hydcu for drivers up to 6.2, hycu from 6.3 on.
 DRIVER_MODULES = ("hycu", "hydcu")
 
@@ -135,8 +159,13 @@ def pci_functions(sysfs_root="/sys"):
     """Every PCI function of vendor 0x1d94, sorted by address, with what sysfs says about it.
 
     Each: pci_bus, device_id, class (e.g. '0x038000'), driver (the bound driver's name or None),
-    numa_node, vram_total_mib, card and render (DRM node names or None), kind ('card', 'unbound' or
-    'platform': a CPU or switch function).
+    numa_node, vram_total_mib, card and render (DRM node names or None), kind:
+    'card'            a function with DRM nodes (what Hygon's container toolkit and GPUStack count);
+    'unbound'         a card by device id or class without DRM nodes: the driver is not loaded, or it bound the
+                      card and could not bring it up (a driver/vbios mismatch): unusable either way;
+    'driver_function' a function the DCU driver binds that is not a card (no card id or class, no DRM nodes):
+                      the BW boxes' a110 switch endpoints, when the driver binds them;
+    'platform'        any other 0x1d94 function: the CPU's and the switches' own.
     """
     pci_dir = os.path.join(sysfs_root, "bus", "pci", "devices")
     try:
@@ -179,10 +208,12 @@ def pci_functions(sysfs_root="/sys"):
 
 
 def _kind(function):
-    if function["driver"] in DRIVER_MODULES or function["card"] or function["render"]:
+    if function["card"] or function["render"]:
         return "card"
     if function["device_id"] in SERIES_BY_DEVICE or (function["class"] or "").startswith(CARD_CLASSES):
         return "unbound"
+    if function["driver"] in DRIVER_MODULES:
+        return "driver_function"
     return "platform"
 
 

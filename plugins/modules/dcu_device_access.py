@@ -283,7 +283,8 @@ def main():
             "driver ({}){}".format(
                 expected, len(present), ", ".join(present) or "none", len(cards), "" if len(cards) == 1 else "s",
                 ", ".join(card["pci_bus"] for card in cards) or "none",
-                "; not bound: " + "; ".join(hysmi.describe_function(f) for f in unbound) if unbound else ""))
+                "; cards without DRM nodes: " + "; ".join(hysmi.describe_function(f) for f in unbound)
+                if unbound else ""))
     for node in nodes:
         node.pop("gid")
     result = {"changed": False, "nodes": nodes, "user": account.pw_name, "groups": group_names,

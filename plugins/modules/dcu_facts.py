@@ -122,11 +122,16 @@ ansible_facts:
           description: Where the card list came from, V(hy-smi-json), V(hy-smi-text) or V(sysfs).
           type: str
         unbound:
-          description: DCU devices (display or co-processor class, or a known DCU device id) that no DCU
-            driver binds and that have no DRM nodes, each with C(pci_bus), C(device_id), C(series),
-            C(driver) and a one-line C(summary).
+          description: DCU cards (display or co-processor class, or a known DCU device id) without DRM nodes,
+            whether no driver binds them (not loaded yet) or the driver bound them and could not bring them
+            up (a driver/vbios mismatch), each with C(pci_bus), C(device_id), C(series), C(driver) and a
+            one-line C(summary).
           type: list
           elements: dict
+        driver_functions:
+          description: Number of vendor C(0x1d94) functions the DCU driver binds that are not cards (no card
+            id or class, no DRM nodes), such as a BW box's switch endpoints. Not cards, not a fault.
+          type: int
         platform_functions:
           description: Number of other vendor C(0x1d94) PCI functions (CPU and switch functions, not cards).
           type: int
@@ -159,6 +164,12 @@ ansible_facts:
             fix when known) and where hy-smi and sysfs disagree.
           type: list
           elements: str
+    dcu_host:
+      description:
+        - With O(host_facts), systemd's and the container engine's versions, parsed - as
+          M(dcu.serving.host_probe) returns them.
+      returned: with O(host_facts)
+      type: dict
 probe:
   description: What O(stat), O(read) and O(commands) asked for.
   returned: always
@@ -329,6 +340,7 @@ def main():
         "card_count": len(cards),
         "source": source,
         "unbound": unbound,
+        "driver_functions": sum(1 for f in functions if f["kind"] == "driver_function"),
         "platform_functions": sum(1 for f in functions if f["kind"] == "platform"),
         "device_nodes": device_nodes(cards),
         "numa_cpus": numa_cpus(params["sysfs_root"], cards),

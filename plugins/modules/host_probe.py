@@ -47,9 +47,34 @@ EXAMPLES = r"""
 - name: Say where the venv link points
   ansible.builtin.debug:
     msg: "{{ probed.probe.stat['/opt/dcu-serving/venv'].lnk_target }}"
+
+- name: Read systemd's and Docker's versions, unless an earlier look of the play did
+  dcu.serving.host_probe:
+    host_facts: "{{ ansible_facts.dcu_host is undefined }}"
+
+- name: Pass --pull=never only to an engine that knows it (Docker 20.10 and later)
+  ansible.builtin.debug:
+    msg: "{{ (ansible_facts.dcu_host.engine.version_tuple or [0]) >= [20, 10] }}"
 """
 
 RETURN = r"""
+ansible_facts:
+  description: With O(host_facts), the parsed facts roles decide by; the O(getent) databases.
+  returned: always
+  type: dict
+  contains:
+    dcu_host:
+      description:
+        - C(systemd_version) (a number; null with C(systemd_error) when systemctl did not answer), and C(engine) - the
+          container engine's C(name), C(present) (false when it is not installed), C(version) (leading zeros dropped -
+          C(18.09.0) reads C(18.9.0); C(1.13.1) of EL7's docker as it is), C(version_tuple), C(raw) (what it printed)
+          and C(error) (why there is no version, for example the daemon not answering); C(selinux) (V(enforcing),
+          V(permissive) or V(disabled)).
+      returned: with O(host_facts)
+      type: dict
+      sample: {"selinux": "disabled", "systemd_version": 252, "systemd_error": null,
+               "engine": {"name": "docker", "present": true,
+               "version": "20.10.24", "version_tuple": [20, 10, 24], "raw": "20.10.24+dfsg1", "error": null}}
 probe:
   description: What O(stat), O(read) and O(commands) asked for.
   returned: always

@@ -45,6 +45,9 @@ if args[:2] == ["image", "inspect"]:
 if args[:1] == ["info"]:
     print(state["docker_root"])
     sys.exit(0)
+if args[:1] == ["version"]:
+    print(state.get("engine", "20.10.24+dfsg1"))
+    sys.exit(0)
 sys.exit("this stub does not answer: " + " ".join(args))
 """
 HY_SMI = """
@@ -101,6 +104,7 @@ class DoctorHost:
         self.lb_status = None  # set by with_proxy
         self.sysfs = make_sysfs(root / "sys", cards=cards, module=("hycu", DRIVER))
         self.dev, self.etc, self.state, self.proc = root / "dev", root / "etc", root / "state", root / "proc"
+        self.log = root / "log"
         self.hyhal, self.dtk, self.run_dir, self.bin = root / "hyhal", root / "dtk", root / "run", root / "bin"
         for directory in (self.dev / "dri", self.dev / "shm", self.etc, self.state, self.proc, self.dtk / ".info",
                           self.run_dir, root / "docker"):
@@ -199,7 +203,8 @@ class DoctorHost:
     def argv(self, *options: str) -> list[str]:
         return ["--sysfs-root", str(self.sysfs), "--dev-root", str(self.dev), "--etc-root", str(self.etc),
                 "--proc-root", str(self.proc), "--run-root", str(self.run_dir), "--state-root", str(self.state),
-                "--hyhal-root", str(self.hyhal), "--dtk-root", str(self.dtk), "--min-free-gib", "0.001", *options]
+                "--hyhal-root", str(self.hyhal), "--dtk-root", str(self.dtk), "--log-root", str(self.log),
+                "--min-free-gib", "0.001", *options]
 
     def env(self) -> dict:
         return {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(SRC)}

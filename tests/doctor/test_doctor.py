@@ -28,8 +28,8 @@ def test_a_converged_serving_host_is_all_ok_in_the_issue_order(dcu_host: DoctorH
     assert rc == 0, findings
     assert [f["status"] for f in findings if f["status"] != "ok"] == [], findings
     checks = list(dict.fromkeys(f["check"] for f in findings))
-    assert checks == ORDER == ["driver", "hymgr", "device nodes", "versions", "images", "units", "ports", "proxy",
-                               "disk", "shm"]
+    assert checks == ORDER == ["driver", "hymgr", "boot", "device nodes", "versions", "engine", "selinux", "kernel",
+                               "images", "units", "ports", "proxy", "disk", "shm"]
     assert "hycu 6.3.30-V1.4.1a loaded; 2 card(s) bound of 2 expected" in of(findings, "driver")[0]["message"]
     assert "dcu-serving, dcu-batch open them through render, video" in of(findings, "device nodes")[0]["message"]
     assert "2/2 backends healthy" in of(findings, "proxy")[0]["message"]
@@ -277,3 +277,98 @@ def test_the_instances_are_reached_where_the_unit_says_they_listen(dcu_host: Doc
     assert [f["message"] for f in of(findings, "ports", "fail")] == [
         f"vllm@{index} (MiniCPM-V-4.5): nothing answers on 127.0.0.2:{server.port} (Connection refused)"
         for index, server in enumerate(servers)]
+
+
+# --- the host around the cards (docs/field-evidence.md, section 8) ----------------------------------------
+
+
+def test_a_blacklisted_driver_without_the_boot_unit_will_not_come_back_after_a_reboot(dcu_host: DoctorHost):
+    modprobe = dcu_host.etc / "modprobe.d"
+    modprobe.mkdir()
+    (modprobe / "hycu.conf").write_text("options hycu hygon_vbios=0\n")
+    (modprobe / "blacklist-hycu.conf").write_text("blacklist hycu\n")
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    [found] = of(findings, "boot", "fail")
+    assert f"hycu is blacklisted in {modprobe}/blacklist-hycu.conf" in found["message"]
+    assert "will not come back after a reboot" in found["message"]
+    assert "hy-smi --loaddriver" in found["fix"] and "playbooks/drivers.yml" in found["fix"]
+    units = dcu_host.etc / "systemd" / "system"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    (units / "dcu-driver.service").write_text("[Service]\nExecStart=/opt/hyhal/bin/hy-smi --loaddriver\n")
+    (units / "multi-user.target.wants" / "dcu-driver.service").symlink_to("../dcu-driver.service")
+    _rc, findings = dcu_host.findings()
+    [boot] = of(findings, "boot")
+    assert boot["status"] == "ok" and "dcu-driver.service loads it" in boot["message"]
+
+
+def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(dcu_host: DoctorHost):
+    dcu_host.with_instances()
+    unit = dcu_host.etc / "systemd" / "system" / "vllm@.service"
+    unit.write_text(unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
+    dcu_host.stubs["engine"] = "18.09.0"
+    dcu_host.save()
+    _rc, findings = dcu_host.findings()
+    [found] = of(findings, "engine", "fail")
+    assert found["message"] == ("docker 18.09.0 does not know --pull, which vllm@.service pass: their containers "
+                                "cannot start")
+    dcu_host.stubs["engine"] = "1.13.1"
+    dcu_host.save()
+    _rc, findings = dcu_host.findings()
+    [found] = of(findings, "engine", "fail")
+    assert "docker 1.13.1 is older than the oldest engine supported (18.09)" in found["message"]
+    assert "docker-engine 18.09" in found["fix"]
+    unit.write_text(unit.read_text().replace(" --pull=never", ""))
+    dcu_host.stubs["engine"] = "18.09.0"
+    dcu_host.save()
+    _rc, findings = dcu_host.findings()
+    assert of(findings, "engine")[0]["message"] == "docker 18.09.0 runs vllm@.service"
+
+
+def test_selinux_enforcing_with_unlabelled_mounts_fails_and_names_the_denials(dcu_host: DoctorHost):
+    dcu_host.with_instances()
+    (dcu_host.sysfs / "fs" / "selinux").mkdir(parents=True)
+    (dcu_host.sysfs / "fs" / "selinux" / "enforce").write_text("1\n")
+    (dcu_host.log / "audit").mkdir(parents=True)
+    (dcu_host.log / "audit" / "audit.log").write_text(
+        'type=AVC msg=audit(1764892800.123:77): avc:  denied  { read } for  pid=4242 comm="python3" '
+        'name="lib" dev="dm-0" ino=0 scontext=system_u:system_r:container_t:s0:c1,c2 '
+        'tcontext=unconfined_u:object_r:default_t:s0 tclass=dir permissive=0 path="/opt/hyhal"\n')
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    unlabelled, denied = of(findings, "selinux", "fail")
+    assert "SELinux is enforcing and vllm@.service mount host paths" in unlabelled["message"]
+    assert "label=disable" in unlabelled["fix"]
+    assert "1 SELinux denial(s) for containers" in denied["message"] and "/opt/hyhal" in denied["message"]
+    unit = dcu_host.etc / "systemd" / "system" / "vllm@.service"
+    unit.write_text(unit.read_text().replace("docker run --rm", "docker run --rm --security-opt=label=disable"))
+    (dcu_host.log / "audit" / "audit.log").write_text("")
+    rc, findings = dcu_host.findings()
+    assert of(findings, "selinux")[0]["message"] == "SELinux is enforcing; the containers run with label=disable"
+
+
+def test_tensor_parallel_over_pcie_warns_about_the_kernel_and_a_bw_host_needs_its_map_count(dcu_host: DoctorHost):
+    dcu_host.with_instances(count=1)
+    env = dcu_host.etc / "dcu-serving" / "vllm" / "0.env"
+    env.write_text(env.read_text().replace("--max-num-seqs 4", "--max-num-seqs 4 --tensor-parallel-size 2"))
+    (dcu_host.proc / "cmdline").write_text("BOOT_IMAGE=/vmlinuz-4.19.90 root=/dev/mapper/klas-root ro quiet\n")
+    (dcu_host.proc / "sys" / "kernel").mkdir(parents=True)
+    (dcu_host.proc / "sys" / "kernel" / "numa_balancing").write_text("1\n")
+    rc, findings = dcu_host.findings()
+    iommu, numa = of(findings, "kernel", "warn")
+    assert "vllm@0 run tensor parallel over PCIe" in iommu["message"] and "iommu=pt" in iommu["fix"]
+    assert "NUMA auto balancing is on" in numa["message"]
+    (dcu_host.proc / "cmdline").write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro iommu=pt\n")
+    (dcu_host.proc / "sys" / "kernel" / "numa_balancing").write_text("0\n")
+    rc, findings = dcu_host.findings()
+    assert [f["status"] for f in of(findings, "kernel")] == ["ok"]
+    for card in dcu_host.sysfs.glob("bus/pci/devices/*"):
+        if (card / "device").read_text().strip() == "0x6210":
+            (card / "device").write_text("0x6430\n")  # BW1100
+    (dcu_host.proc / "sys" / "vm").mkdir(parents=True)
+    (dcu_host.proc / "sys" / "vm" / "max_map_count").write_text("65530\n")
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    [found] = of(findings, "kernel", "fail")
+    assert found["message"] == "vm.max_map_count is 65530 on a BW host; inference there needs 262144 or more"
+    assert not of(findings, "kernel", "warn"), "BW1100 modules are OAM: no PCIe peer-to-peer to warn about"

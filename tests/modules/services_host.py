@@ -22,6 +22,7 @@ illustrative. The files are sparse (os.truncate): a "30 GB" model costs nothing.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -39,7 +40,7 @@ CARDS = [{"index": i, "pci_bus": f"0000:{bus}:00.0", "device_id": "0x6210", "ser
 DEFAULTS = {
     "base_port": 8002, "client_host": "127.0.0.1", "internal_port_base": 20000, "internal_port_stride": 100,
     "image": "harbor.sourcefind.cn:5443/dcu/admin/base/vllm:0.11.0-ubuntu22.04-dtk26.04-py3.10",
-    "runtime": "host", "max_model_len": 32768, "max_num_seqs": 4, "gpu_memory_utilization": 0.9,
+    "runtime": "image", "max_model_len": 32768, "max_num_seqs": 4, "gpu_memory_utilization": 0.9,
     "limit_mm_per_prompt": {"image": 9}, "trust_remote_code": False, "start_grace": 900,
     "env": {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
 }
@@ -86,3 +87,15 @@ def make_model_dir(root: Path, name: str, config_name: str | None = None) -> Pat
         (path / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": sum(layout["weights"].values())}, "weight_map": weight_map}))
     return path
+
+
+def services(**changes):
+    """SERVICES with per-service changes: services(chat={"cards": [0, 1, 2]})."""
+    result = copy.deepcopy(SERVICES)
+    for service in result:
+        service.update(changes.get(service["name"], {}))
+    return result
+
+
+def by_name(instances):
+    return {i["name"]: i for i in instances}

@@ -30,14 +30,15 @@ def _write(path: Path, text: str):
 def make_sysfs(root: Path, cards: int = 8, layout: str = "real", module: tuple[str, str] | None = None,
                render_missing: tuple[int, ...] = (), numa: list[int] | None = None, bdfs: list[str] | None = None,
                platform: bool = False, device: str = "0x6210", klass: str = "0x0b4000", drm_base: int = 1,
-               bound: bool | None = None, drm: bool = True) -> Path:
+               bound: bool | None = None, drm: bool = True, switches_bound: bool = False) -> Path:
     """Build a sysfs tree like a DCU host's: `cards` DCUs, an onboard VGA at card0 when drm_base is 1.
 
     bdfs: the cards' PCI addresses in the driver's registration order (DRM minor order = hy-smi's index);
     default: PCI order. module: (name, version) of the loaded DCU module; version "" means no version file.
     bound: the driver binds the cards (their `driver` link), default when a module is loaded. drm: the
     cards have DRM nodes (card<drm_base + i>, renderD<128 + i>). platform: add a Hygon CPU's and a BW
-    switch's own 0x1d94 functions, which are not cards.
+    switch's own 0x1d94 functions, which are not cards; switches_bound: the driver binds the switch's a110
+    endpoints too (no DRM nodes), as Hygon's toolkit allows for (docs/field-evidence.md P8).
     layout "real": devices under devices/pci0000:00/, bus/pci/devices/* and class/drm/* are symlinks
     into it and each node's `device` link points at its PCI device, as on a real host.
     layout "flat": the emulation's layout (docs/emulation.md): PCI devices are directories under
@@ -73,7 +74,8 @@ def make_sysfs(root: Path, cards: int = 8, layout: str = "real", module: tuple[s
             _write(device_dir / "mem_info_vram_total", str(vram))
     if bound:
         driver_dir.mkdir(parents=True)
-        for bdf in bdfs:
+        switches = [bdf for bdf, dev, _cls in PLATFORM if dev == "0xa110"] if platform and switches_bound else []
+        for bdf in bdfs + switches:
             (device_dirs[bdf] / "driver").symlink_to(os.path.relpath(driver_dir, device_dirs[bdf]))
     nodes = [("card0", VGA_BDF)] if drm_base else []
     for i, bdf in enumerate(bdfs if drm else []):

@@ -11,13 +11,14 @@ import sys
 
 import pytest
 
-from ansible_collections.dcu.serving.plugins.action.serving_audit import write_gateway, write_reports
-from ansible_collections.dcu.serving.plugins.filter.audit import (
+from ansible_collections.dcu.serving.plugins.plugin_utils.audit import (
     audit_fleet,
     audit_gateway,
     audit_gateway_lines,
     audit_markdown,
     audit_report,
+    write_gateway,
+    write_reports,
 )
 
 DRIVER_SUM, DTK_SUM, IMAGE_SUM = "71" * 32, "68" * 32, "25" * 32

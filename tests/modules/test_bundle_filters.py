@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.bundle import (
+from ansible_collections.dcu.serving.plugins.plugin_utils.bundle_stage import (
     bundle_stage_dirs,
     bundle_staged,
     bundle_unlisted,

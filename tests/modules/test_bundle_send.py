@@ -16,9 +16,10 @@ import sys
 import pytest
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.dcu.serving.plugins.action.bundle_send import (
+from ansible_collections.dcu.serving.plugins.action.bundle_send import ActionModule
+from ansible_collections.dcu.serving.plugins.modules.bundle_send import read_progress
+from ansible_collections.dcu.serving.plugins.plugin_utils.bundle_transfer import (
     RECEIVER,
-    ActionModule,
     hash_ranges,
     load_sums,
     ranges_of,
@@ -29,7 +30,6 @@ from ansible_collections.dcu.serving.plugins.action.bundle_send import (
     stream,
     sums_path,
 )
-from ansible_collections.dcu.serving.plugins.modules.bundle_send import read_progress
 
 MIB = 1048576
 
@@ -76,7 +76,7 @@ def test_the_controller_hashes_each_range_and_the_whole_in_order(tmp_path):
 
 
 def test_read_ahead_yields_the_ranges_asked_for_in_order(tmp_path, monkeypatch):
-    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.action.bundle_send.READ", 300)
+    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.plugin_utils.bundle_transfer.READ", 300)
     blob = os.urandom(2500)
     (tmp_path / "src").write_bytes(blob)
     items = list(read_ahead(str(tmp_path / "src"), ranges_of(2500, 1000), depth=2))
@@ -91,7 +91,7 @@ def test_read_ahead_yields_the_ranges_asked_for_in_order(tmp_path, monkeypatch):
 
 def test_read_ahead_stops_its_thread_when_the_consumer_stops(tmp_path, monkeypatch):
     import threading
-    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.action.bundle_send.READ", 100)
+    monkeypatch.setattr("ansible_collections.dcu.serving.plugins.plugin_utils.bundle_transfer.READ", 100)
     (tmp_path / "src").write_bytes(os.urandom(10000))
     before = threading.active_count()
     blocks = read_ahead(str(tmp_path / "src"), ranges_of(10000, 1000), depth=1)

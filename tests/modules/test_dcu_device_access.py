@@ -116,3 +116,23 @@ def test_explicit_render_nodes(fake_sysfs, dev_root, module_runner):
     assert not result.get("failed"), result
     assert [n["path"] for n in result["nodes"]][-1] == f"{dev_root}/dri/renderD129"
     assert len(result["nodes"]) == 3
+
+
+def test_a_bw_host_whose_driver_binds_its_switch_endpoints_passes_with_its_8_cards(fake_sysfs, dev_root,
+                                                                                    module_runner):
+    # The a110 endpoints bound to hycu without DRM nodes are not cards (field evidence P8): 8 of 8.
+    _devices(dev_root, _group_of(OUTSIDER), cards=8)
+    root = fake_sysfs(cards=8, module=("hycu", "6.3.30-V1.4.1a"), platform=True, switches_bound=True)
+    result = module_runner("dcu_device_access", {
+        "user": OUTSIDER, "sysfs_root": str(root), "dev_root": str(dev_root), "expected_cards": 8})
+    assert not result.get("failed"), result.get("msg", result)
+    assert len([n for n in result["nodes"] if "renderD" in n["path"]]) == 8
+
+
+def test_a_card_bound_without_drm_nodes_is_named_with_its_driver(fake_sysfs, dev_root, module_runner):
+    _devices(dev_root, _group_of(OUTSIDER), cards=2)
+    root = fake_sysfs(cards=2, module=("hycu", "6.3.30-V1.4.1a"), drm=False)
+    result = module_runner("dcu_device_access", {
+        "user": OUTSIDER, "sysfs_root": str(root), "dev_root": str(dev_root), "expected_cards": 2})
+    assert result["failed"] is True
+    assert "cards without DRM nodes: 0000:04:00.0 (0x6210 K100_AI): driver hycu, no DRM nodes" in result["msg"]

@@ -1,13 +1,13 @@
 """Hygon's DTK <-> driver table as data, and the check an image's DTK passes before it starts
-(plugins/module_utils/dtk_driver.py, plugins/filter/dtk_driver.py). Driver spellings are the ones hosts print
+(plugins/module_utils/dtk_driver.py, plugins/plugin_utils/dtk_check.py). Driver spellings are the ones hosts print
 (docs/field-evidence.md): installer names, hy-smi's 6.3.31-V1.5.0a, sysfs's bare 6.2.35."""
 
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.dcu.serving.plugins.filter.dtk_driver import dtk_driver_check, dtk_driver_row
 from ansible_collections.dcu.serving.plugins.module_utils import dtk_driver
+from ansible_collections.dcu.serving.plugins.plugin_utils.dtk_check import dtk_driver_check, dtk_driver_row
 
 IMAGE_2604 = "harbor.sourcefind.cn:5443/dcu/admin/base/vllm:0.11.0-ubuntu22.04-dtk26.04-py3.10"
 IMAGE_25041 = "image.sourcefind.cn:5000/dcu/admin/base/vllm:0.8.5-ubuntu22.04-dtk25.04.1-py3.10"
@@ -127,7 +127,8 @@ def test_runtime_host_mounts_the_hosts_dtk_over_the_images():
     assert dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", "26.04", runtime="host") == ""
     assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="host") == (
         f"image {IMAGE_25041} was built on DTK 25.04.1, but runtime host mounts the host's DTK 26.04 over it. Fix: "
-        "use an image built on DTK 26.04, or set the service's runtime to bundled (the image's own DTK, nothing of "
-        "the host's mounted).")
+        "set the service's runtime to image (the default: the image's own DTK with the host's hyhal, Hygon's "
+        "recipe), or use an image built on DTK 26.04.")
     assert "the host has none" in dtk_driver_check(IMAGE_2604, "6.3.31-V1.5.0a", None, runtime="host")
     assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="bundled") == ""
+    assert dtk_driver_check(IMAGE_25041, "6.3.31-V1.5.0a", "26.04", runtime="image") == "", "the image's own DTK"

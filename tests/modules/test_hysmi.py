@@ -136,6 +136,28 @@ def test_cpu_and_switch_functions_are_not_cards(fake_sysfs):
     assert hysmi.sysfs_cards(functions)[0]["pci_bus"] == "0000:04:00.0"
 
 
+def test_switch_endpoints_the_driver_binds_are_counted_apart_never_cards(fake_sysfs):
+    # Hygon's toolkit enumerates /sys/module/hy*cu/drivers/pci:hy*cu/* and keeps what has DRM nodes: the driver
+    # may bind functions that are not cards (field evidence P8). Seven bound a110 endpoints beside 8 cards.
+    root = fake_sysfs(module=("hycu", "6.3.30-V1.4.1a"), platform=True, switches_bound=True)
+    functions = hysmi.pci_functions(str(root))
+    kinds = {f["pci_bus"]: f["kind"] for f in functions}
+    switches = [bdf for bdf, dev, _cls in PLATFORM if dev == "0xa110"]
+    assert all((root / "bus/pci/devices" / bdf / "driver").exists() for bdf in switches)
+    assert [kinds[bdf] for bdf in switches] == ["driver_function"] * 7
+    assert len(hysmi.sysfs_cards(functions)) == 8
+    assert not [f for f in functions if f["kind"] == "unbound"]
+
+
+def test_a_card_the_driver_bound_without_drm_nodes_is_down_not_a_card(fake_sysfs):
+    # A driver/vbios mismatch leaves K100_AI/BW cards bound and down (field evidence P6, P8): name it.
+    functions = hysmi.pci_functions(str(fake_sysfs(cards=2, module=("hycu", "6.3.30-V1.4.1a"), drm=False)))
+    cards = [f for f in functions if f["device_id"] == "0x6210"]
+    assert [(f["kind"], f["driver"]) for f in cards] == [("unbound", "hycu"), ("unbound", "hycu")]
+    assert hysmi.sysfs_cards(functions) == []
+    assert hysmi.describe_function(cards[0]) == "0000:04:00.0 (0x6210 K100_AI): driver hycu, no DRM nodes"
+
+
 def test_cards_without_driver_or_drm_nodes_are_unbound_by_class_or_id(fake_sysfs):
     root = fake_sysfs(cards=2, drm=False)  # driver not loaded yet: no binding, no DRM nodes
     functions = hysmi.pci_functions(str(root))

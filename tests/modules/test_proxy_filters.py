@@ -10,7 +10,7 @@ import zipfile
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter import proxy
+from ansible_collections.dcu.serving.plugins.plugin_utils import proxy_install as proxy
 
 WHEELS_PY = "3.11"
 REQUIRES = ">=3.11"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter import dcu_cards, rock
 from ansible_collections.dcu.serving.plugins.module_utils import rock_version
+from ansible_collections.dcu.serving.plugins.plugin_utils import cards as dcu_cards
+from ansible_collections.dcu.serving.plugins.plugin_utils import rock
 
 ARTIFACT = {"file": "driver/rock-6.3.27-V1.2.5.run", "sha256": "ab" * 32, "version": "6.3.27-V1.2.5"}
 
@@ -128,7 +129,7 @@ def test_card_problem_names_each_card_and_the_unbound_ones():
     message = dcu_cards.dcu_card_problem(facts, 2, variable="dcu_driver_expected_cards")
     assert "shows 1 DCU card, dcu_driver_expected_cards expects 2" in message
     assert "card 0 at 0000:05:00.0 (BW): driver hycu, DRM card0+renderD128" in message
-    assert "not bound: 0000:2b:00.0 (0x6430 BW1100): driver none, no DRM nodes" in message
+    assert "not up: 0000:2b:00.0 (0x6430 BW1100): driver none, no DRM nodes" in message
     assert "62 other vendor 0x1d94 PCI functions" in message and "Fix:" in message
     assert dcu_cards.dcu_card_problem(facts, 1) == ""
     assert "names card 3" in dcu_cards.dcu_card_problem(facts, 0, [0, 3], variable="dcu_vllm_cards")

@@ -1,28 +1,13 @@
-"""A host carved into model services (plugins/filter/services.py): the instances, their `vllm serve`
+"""A host carved into model services (plugins/plugin_utils/services.py): the instances, their `vllm serve`
 arguments, and every refusal before anything starts - each naming the service and the fix."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from ansible.errors import AnsibleFilterError
-from modules.services_host import CARDS, DEFAULTS, SERVICES
+from modules.services_host import CARDS, DEFAULTS, SERVICES, by_name, services
 
-from ansible_collections.dcu.serving.plugins.filter.services import vllm_service_problems, vllm_services
-from ansible_collections.dcu.serving.plugins.filter.vllm import vllm_instances
-
-
-def services(**changes):
-    """SERVICES with per-service changes: services(chat={"cards": [0, 1, 2]})."""
-    result = copy.deepcopy(SERVICES)
-    for service in result:
-        service.update(changes.get(service["name"], {}))
-    return result
-
-
-def by_name(instances):
-    return {i["name"]: i for i in instances}
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_service_problems, vllm_services
 
 
 def test_the_platform_layout():
@@ -44,7 +29,9 @@ def test_the_platform_layout():
     assert chat["card_nodes"] == ["/dev/dri/card1", "/dev/dri/card2"]
     assert chat["pci_buses"] == ["0000:05:00.0", "0000:2b:00.0"]
     assert chat["numa_node"] == 0 and chat["visible_devices"] == "0,1" and chat["interconnect"] == "pcie"
-    assert chat["env"] == DEFAULTS["env"] and chat["start_grace"] == 900 and chat["runtime"] == "host"
+    # TP=2 over PCIe (K100_AI): RCCL's LL protocol hangs without fine-grained PCIe memory (field evidence K2).
+    assert chat["env"] == {**DEFAULTS["env"], "HSA_FORCE_FINE_GRAIN_PCIE": "1"}
+    assert chat["start_grace"] == 900 and chat["runtime"] == "image"
     assert instances[4]["numa_node"] == 1
 
 
@@ -104,10 +91,11 @@ def test_the_default_layout_keeps_todays_names_ports_and_arguments():
     assert [i["name"] for i in instances] == [str(n) for n in range(8)]
     assert [i["unit"] for i in instances] == [f"vllm@{n}" for n in range(8)]
     assert [i["container"] for i in instances] == [f"vllm-{n}" for n in range(8)]
-    today = vllm_instances(CARDS, cpulists={0: "0-31", 1: "32-63"}, model="MiniCPM-V-4.5", max_num_seqs=4,
-                           max_model_len=32768, max_images=9)
-    for new, old in zip(instances, today, strict=True):
-        assert {key: new[key] for key in old} == old
+    assert [i["port"] for i in instances] == list(range(8002, 8010))
+    assert [i["url"] for i in instances] == [f"http://127.0.0.1:{8002 + n}" for n in range(8)]
+    assert [i["internal_port"] for i in instances] == [20000 + 100 * n for n in range(8)]
+    assert [i["cpus"] for i in instances] == ["0-31"] * 4 + ["32-63"] * 4
+    assert {i["max_images"] for i in instances} == {9}
     assert {tuple(i["serve_args"]) for i in instances} == {(
         "--served-model-name", "MiniCPM-V-4.5", "--max-num-seqs", "4", "--max-model-len", "32768",
         "--gpu-memory-utilization", "0.9", "--limit-mm-per-prompt", '{"image":9}', "--trust-remote-code")}
@@ -166,6 +154,15 @@ def test_custom_all_reduce_is_disabled_over_pcie(series, disabled):
     (chat,) = [i for i in vllm_services(SERVICES, cards, DEFAULTS) if i["name"] == "chat-0"]
     assert chat["disable_custom_all_reduce"] is disabled
     assert ("--disable-custom-all-reduce" in chat["serve_args"]) is disabled
+    # PCIe (or unknown) links: RCCL gets fine-grained PCIe memory too (HSA_FORCE_FINE_GRAIN_PCIE, K2); HLink not.
+    assert (chat["env"].get("HSA_FORCE_FINE_GRAIN_PCIE") == "1") is disabled
+
+
+def test_a_service_s_own_fine_grain_setting_wins_and_one_card_gets_none():
+    chosen = services(chat={"env": {"HSA_FORCE_FINE_GRAIN_PCIE": "0"}})
+    instances = by_name(vllm_services(chosen, CARDS, DEFAULTS))
+    assert instances["chat-0"]["env"]["HSA_FORCE_FINE_GRAIN_PCIE"] == "0"
+    assert "HSA_FORCE_FINE_GRAIN_PCIE" not in instances["vision-0"]["env"]
 
 
 def test_custom_all_reduce_override_and_never_at_one_card():
@@ -216,8 +213,8 @@ def test_settings_are_checked_per_service():
         "service chat: max_num_seqs must be at least 1, got 0",
         "service chat: gpu_memory_utilization is the fraction of each card's VRAM vLLM may use, above 0 and at "
         "most 1 (e.g. 0.9), got 1.5",
-        "service vision: runtime 'docker' is not host (the image uses the host's hyhal/DTK, mounted read-only) or "
-        "bundled (the image carries its own runtime)",
+        "service vision: runtime 'docker' is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own runtime)",
         "service vision: env: 'BAD-NAME' is not an environment variable name",
         "service embed: task is the older spelling of runner/convert (vLLM < 0.10.1); set one or the other",
         "service rerank: extra_args must be a list of arguments, one per item, got '--enable-prefix-caching'"]

@@ -7,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 
-from ansible_collections.dcu.serving.plugins.filter.systemd import SINCE, systemd_compatible
+from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, systemd_compatible
 from support import REPO
 
 
@@ -28,7 +28,7 @@ def _render_proxy_unit(version: int) -> str:
     return env.from_string(source).render(
         ansible_managed="managed", __dcu_proxy_config="/etc/dcu-serving/proxy.yml", dcu_proxy_user="dcu-proxy",
         __dcu_proxy_bin="/opt/dcu-serving/venv/bin/dcu-proxy", dcu_proxy_settings={}, __dcu_proxy_log_dir="/var/log",
-        __dcu_proxy_port=8000, __dcu_proxy_systemd_version=version, __dcu_proxy_runtime="venv",
+        __dcu_proxy_port=8000, ansible_facts={"dcu_host": {"systemd_version": version}}, __dcu_proxy_runtime="venv",
         __dcu_proxy_container_command="")
 
 

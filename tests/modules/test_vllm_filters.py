@@ -3,14 +3,22 @@ files carry them (DCU_VLLM_RUN_OPTIONS) — worked out by filter plugins, not Ji
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.vllm import (
-    env_file_problems,
+from ansible_collections.dcu.serving.plugins.plugin_utils.containers import (
     vllm_device_nodes,
-    vllm_instances,
+    vllm_image_problems,
+    vllm_images,
     vllm_run_options,
+)
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import (
+    default_layout,
+    env_file_problems,
+    vllm_instances,
+    vllm_services,
 )
 
 # `stat --format='%n %g %G' /dev/kfd /dev/mkfd <card nodes> <render nodes>` on a host set up by dcu_driver
@@ -56,7 +64,7 @@ def test_each_card_gets_its_own_nodes_and_the_shared_ones():
             # sorted without regard to case, as Jinja's sort did
             "--env=do_not_track", "--env=HF_HUB_OFFLINE", "--env=TRANSFORMERS_OFFLINE",
             "--env=VLLM_NO_USAGE_STATS", "--env=VLLM_PORT",
-            # runtime host (the default): the host's hyhal where images look for it
+            # runtime image (the default, Hygon's recipe): the host's hyhal where images look for it, not its DTK
             "--volume=/opt/hyhal:/opt/hyhal:ro"],
         1: ["--device=/dev/dri/card2", "--device=/dev/dri/renderD129",
             "--device=/dev/kfd", "--device=/dev/mkfd", "--group-add=44", "--group-add=992",
@@ -79,13 +87,16 @@ def test_a_service_instance_gets_all_its_cards_its_model_and_only_its_runtimes_m
             "runtime": "host", "env": {"HF_HUB_OFFLINE": "1"}}
     bundled = dict(chat, name="embed-0", runtime="bundled", card_nodes=["/dev/dri/card1"],
                    render_nodes=["/dev/dri/renderD128"])
-    options = vllm_run_options([chat, bundled], NODES, hyhal_dir="/usr/local/hyhal", dtk_dir="/opt/dtk")
+    vendor = dict(chat, name="vision-0", runtime="image")
+    options = vllm_run_options([chat, bundled, vendor], NODES, hyhal_dir="/usr/local/hyhal", dtk_dir="/opt/dtk")
     assert options["chat-0"][:4] == ["--device=/dev/dri/card1", "--device=/dev/dri/card2",
                                      "--device=/dev/dri/renderD128", "--device=/dev/dri/renderD129"]
     assert options["chat-0"][-3:] == ["--volume=/srv/models/qwen:/srv/models/qwen:ro",
                                       "--volume=/usr/local/hyhal:/opt/hyhal:ro", "--volume=/opt/dtk:/opt/dtk:ro"]
     assert "--env=HF_HUB_OFFLINE" in options["chat-0"]
     assert options["embed-0"][-1] == "--volume=/srv/models/qwen:/srv/models/qwen:ro", "nothing of the host's runtime"
+    assert options["vision-0"][-2:] == ["--volume=/srv/models/qwen:/srv/models/qwen:ro",
+                                        "--volume=/usr/local/hyhal:/opt/hyhal:ro"], "hyhal, and the image's own DTK"
 
 
 def test_visible_devices_passes_all_of_dri():
@@ -122,9 +133,24 @@ def test_one_instance_per_card_on_its_port_with_its_own_internal_port_range():
 
 
 def test_only_the_wanted_cards_and_ports_that_exist():
-    assert [i["card"] for i in vllm_instances(CARDS, wanted=[6, 2])] == [2, 6]
-    with pytest.raises(AnsibleFilterError, match="exceeds 65535"):
-        vllm_instances(CARDS, base_port=65530)
+    assert [i["card"] for i in vllm_instances(CARDS, wanted=[6, 2], model="m")] == [2, 6]
+    with pytest.raises(AnsibleFilterError, match="instance 6 would listen on port 65536, outside 1-65535"):
+        vllm_instances(CARDS, base_port=65530, model="m")
+
+
+def test_the_deprecated_vllm_instances_is_the_default_layout_of_vllm_services():
+    """One list of instances: vllm_instances is vllm_services' default layout, seen through its old keys."""
+    old = vllm_instances(CARDS, wanted=[1, 5], model="m", max_num_seqs=4, max_images=9)
+    new = vllm_services(default_layout(CARDS, [1, 5], "m", "/"), CARDS,
+                        {"max_num_seqs": 4, "limit_mm_per_prompt": {"image": 9}})
+    assert old == [{key: instance[key] or (0 if key == "max_model_len" else instance[key]) for key in old[0]}
+                   for instance in new]
+    assert set(old[0]) == {"card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
+                           "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len",
+                           "max_images"}
+    assert [i["max_images"] for i in old] == [9, 9]
+    with pytest.raises(AnsibleFilterError, match="give model"):
+        vllm_instances(CARDS)
 
 
 def test_env_file_values_systemd_can_read():
@@ -134,3 +160,36 @@ def test_env_file_values_systemd_can_read():
                         "MULTI's value must be plain text without quotes, backslashes or line breaks",
                         "QUOTED's value must be plain text without quotes, backslashes or line breaks",
                         "SLASH's value must be plain text without quotes, backslashes or line breaks"]
+
+
+HYGON = "harbor.sourcefind.cn:5443/dcu/admin/base/vllm:0.9.2-ubuntu22.04-dtk26.04-0130-py3.10-20260204"
+
+
+def _inspect(ref, env=(), labels=None, rc=0):
+    """A loop result of `docker image inspect REF` as the probe registers it."""
+    return {"item": ref, "rc": rc, "stdout": json.dumps([{"Id": "sha256:" + "ab" * 32,
+                                                          "Config": {"Env": list(env), "Labels": labels}}])}
+
+
+def test_images_say_their_dtk_vllm_runtime_and_whether_their_env_holds_the_dtk():
+    images = vllm_images([
+        _inspect(HYGON, env=["PATH=/usr/bin", "ROCM_PATH=/opt/dtk", "LD_LIBRARY_PATH=/opt/dtk/lib"]),
+        _inspect("dcu-serving/vllm-sim:0.11.0", env=["PATH=/usr/bin"],
+                 labels={"dcu-serving.runtime": "image", "dcu-serving.dtk": "26.04"}),
+        _inspect("harbor.local/sglang:0.5.12-dtk26.04"),
+    ])
+    assert images[HYGON] == {"id": "sha256:" + "ab" * 32, "dtk": "26.04", "runtime": "", "vllm": "0.9.2",
+                             "dtk_env": "image"}
+    sim = images["dcu-serving/vllm-sim:0.11.0"]
+    assert (sim["runtime"], sim["vllm"], sim["dtk_env"]) == ("image", "0.11.0", "source"), \
+        "no ROCM_PATH in its ENV: the unit sources /opt/dtk/env.sh first"
+    assert images["harbor.local/sglang:0.5.12-dtk26.04"]["vllm"] == "", "not a vLLM image: no vLLM version"
+
+
+def test_an_image_built_for_another_runtime_is_refused_with_the_fix():
+    images = {"img": {"runtime": "bundled", "dtk": ""}}
+    [problem] = vllm_image_problems([{"service": "chat", "image": "img", "runtime": "image"}], images, None, None)
+    assert problem == ("service chat (image img): the image is built to run with nothing of the host's (label "
+                       "dcu-serving.runtime=bundled), but the service runs it as image, which mounts the host's hyhal "
+                       "(the image's own DTK). Fix: set runtime: bundled for this service")
+    assert vllm_image_problems([{"service": "chat", "image": "img", "runtime": "bundled"}], images, None, None) == []

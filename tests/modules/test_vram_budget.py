@@ -1,4 +1,4 @@
-"""The checks against each model's config.json and the VRAM budget per card (plugins/filter/vram_budget.py),
+"""The checks against each model's config.json and the VRAM budget per card (plugins/plugin_utils/vram.py),
 on the platform host of tests/modules/services_host.py with model_info's answers for real model directories.
 
 Expected numbers by hand (GiB = 2^30 bytes):
@@ -16,9 +16,9 @@ import copy
 import pytest
 from modules.services_host import CARDS, DEFAULTS, SERVICES, make_model_dir
 
-from ansible_collections.dcu.serving.plugins.filter.services import vllm_services
-from ansible_collections.dcu.serving.plugins.filter.vram_budget import vllm_model_problems, vllm_vram_budget
 from ansible_collections.dcu.serving.plugins.module_utils.model_config import read_model_info
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_services
+from ansible_collections.dcu.serving.plugins.plugin_utils.vram import vllm_model_problems, vllm_vram_budget
 
 DIRS = {"/models/Qwen2.5-14B-Instruct": "qwen2.5-14b-instruct", "/models/MiniCPM-V-4_5": "minicpm-v-4.5",
         "/models/bge-m3": "bge-m3", "/models/bge-reranker-v2-m3": "bge-reranker-v2-m3",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sim.simtools import EMBEDDER, model_dir
 
-from dcu_serving.sim.startup import device_problems, usage_stats_destination
+from dcu_serving.sim.startup import device_problems, dtk_problems, usage_stats_destination
 from support import FAST_SIM, ServerProcess, free_port, http_status, python_module, wait_until
 
 OFFLINE_ERROR = "OSError: We couldn't connect to 'https://huggingface.co' to load the files"
@@ -224,3 +224,12 @@ def test_device_checks_are_off_unless_switched_on(tmp_path, servers):
     unchecked = launch(tmp_path, path, env=base_env(), name="unchecked")
     start_all(servers, unchecked)
     wait_until(lambda: outcome(unchecked) == "serving", 20, what="serving without device checks")
+
+
+def test_an_image_with_its_own_dtk_starts_only_in_the_dtks_environment():
+    # Hygon's images carry /opt/dtk; vLLM is started after `source /opt/dtk/env.sh` unless ENV holds it (C8).
+    [problem] = dtk_problems({"DCU_SIM_DTK": "image"})
+    assert problem.startswith("ImportError: libgalaxyhip.so.5: cannot open shared object file")
+    assert "source /opt/dtk/env.sh" in problem
+    assert dtk_problems({"DCU_SIM_DTK": "image", "ROCM_PATH": "/opt/dtk"}) == []
+    assert dtk_problems({}) == [], "the simulator outside its image has no DTK to miss"

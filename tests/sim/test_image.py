@@ -20,6 +20,8 @@ TAG = "dcu-serving/vllm-sim:0.11.0"
 # and no Docker default seccomp filter. The host's hyhal is mounted by the `hyhal` fixture.
 DEVICES = ("--device", "/dev/null:/dev/kfd", "--device", "/dev/null:/dev/dri/renderD128")
 UNCONFINED = ("--security-opt", "seccomp=unconfined")
+# The DTK's environment, as `source /opt/dtk/env.sh` (what vllm@.service does) or an image's ENV sets it.
+DTK_ENV = ("-e", "ROCM_PATH=/opt/dtk")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,7 @@ def test_vllm_serve_in_the_image_answers_models_and_completions(tarball, contain
     port = free_port()
     name = container("vllm", "serve", "/models/x", "--port", str(port), "--served-model-name", SERVED_MODEL,
                      "--gpu-memory-utilization", "0.9", "--trust-remote-code", "--sim-itl-ms", "1",
-                     volumes={model: "/models/x", hyhal: "/opt/hyhal"}, options=(*DEVICES, *UNCONFINED))
+                     volumes={model: "/models/x", hyhal: "/opt/hyhal"}, options=(*DEVICES, *UNCONFINED, *DTK_ENV))
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: http_status(url + "/v1/models") == 200, 30, what="simulator in the container")
     [card] = requests.get(url + "/v1/models", timeout=5).json()["data"]
@@ -115,12 +117,15 @@ def run_to_exit(*options: str, volumes: dict) -> subprocess.CompletedProcess:
 
 
 def test_the_image_refuses_to_start_where_a_dcu_runtime_would_fail(tarball, model, hyhal):
-    no_devices = run_to_exit(*UNCONFINED, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
+    no_dtk_env = run_to_exit(*DEVICES, *UNCONFINED, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
+    assert no_dtk_env.returncode == 1 and "libgalaxyhip.so.5: cannot open shared object file" in no_dtk_env.stderr
+    assert "source /opt/dtk/env.sh" in no_dtk_env.stderr
+    no_devices = run_to_exit(*UNCONFINED, *DTK_ENV, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
     assert no_devices.returncode == 1 and "hipErrorNoDevice" in no_devices.stderr
-    no_hyhal = run_to_exit(*DEVICES, *UNCONFINED, volumes={model: "/models/x"})
+    no_hyhal = run_to_exit(*DEVICES, *UNCONFINED, *DTK_ENV, volumes={model: "/models/x"})
     assert no_hyhal.returncode == 1 and "DEVCOUNT=0" in no_hyhal.stderr
     assert "-v /opt/hyhal:/opt/hyhal:ro" in no_hyhal.stderr
-    default_seccomp = run_to_exit(*DEVICES, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
+    default_seccomp = run_to_exit(*DEVICES, *DTK_ENV, volumes={model: "/models/x", hyhal: "/opt/hyhal"})
     assert default_seccomp.returncode == 1 and "failed to check docker container" in default_seccomp.stderr
     assert "--security-opt seccomp=unconfined" in default_seccomp.stderr
 
@@ -130,3 +135,16 @@ def test_device_checks_can_be_switched_off(tarball, container, model):
     container("vllm", "serve", "/models/x", "--port", str(port), volumes={model: "/models/x"},
               options=("-e", "DCU_SIM_DEVICE_CHECKS=0"))
     wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, 30, what="simulator in the container")
+
+
+def test_the_image_carries_its_own_dtk_and_serves_once_its_env_is_sourced(tarball, container, model, hyhal):
+    """Hygon's recipe, as vllm@.service runs it: the image's own /opt/dtk, sourced before `vllm serve`."""
+    port = free_port()
+    container("/bin/sh", "-c", '[ -n "${ROCM_PATH:-}" ] || . /opt/dtk/env.sh; exec "$0" "$@"',
+              "vllm", "serve", "/models/x", "--port", str(port),
+              volumes={model: "/models/x", hyhal: "/opt/hyhal"}, options=(*DEVICES, *UNCONFINED))
+    wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, 30, what="simulator in the container")
+    inspect = json.loads(subprocess.run(["docker", "image", "inspect", TAG], capture_output=True, text=True,
+                                        timeout=30, check=True).stdout)[0]
+    assert inspect["Config"]["Labels"]["dcu-serving.runtime"] == "image"
+    assert not any(e.startswith("ROCM_PATH=") for e in inspect["Config"]["Env"]), "the awkward case: sourced, not set"

@@ -16,14 +16,36 @@ def test_driver_package_and_module(host):
     assert host.package("rock").is_installed
     assert host.package("rock").version == DRIVER_VERSION
     assert host.file(f"{SYSFS}/module/hycu/version").content_string.strip() == DRIVER_VERSION
-    assert host.file("/etc/modules-load.d/dcu.conf").content_string.splitlines()[-1] == "hycu"
+
+
+def test_the_driver_came_back_after_the_first_install_s_reboot_past_the_vendor_s_blacklist(host):
+    # The vbios update of the first install made the role reboot the node. At that boot Hygon's blacklist was in
+    # force and systemd-modules-load would have skipped the module: dcu-driver.service loaded it (field evidence N7).
+    assert host.file("/etc/modprobe.d/blacklist-hycu.conf").content_string.split() == ["blacklist", "hycu"]
+    assert not host.file("/etc/modules-load.d/dcu.conf").exists
+    unit = host.file("/etc/systemd/system/dcu-driver.service").content_string
+    assert "ExecStart=/opt/hyhal/bin/hy-smi --loaddriver" in unit and "Before=hymgr.service" in unit
+    assert f"ConditionPathExists=!{SYSFS}/module/hycu" in unit
+    service = host.service("dcu-driver")
+    assert service.is_enabled
+    shown = dict(line.split("=", 1) for line in host.check_output(
+        "systemctl show dcu-driver -p ActiveState -p ExecMainStatus -p ConditionResult").splitlines())
+    assert shown == {"ActiveState": "active", "ExecMainStatus": "0", "ConditionResult": "yes"}, \
+        "at this boot the driver was not loaded until dcu-driver.service loaded it"
+    boots = host.check_output("journalctl --list-boots --no-pager | wc -l")
+    assert int(boots) >= 2, "the first install's vbios update rebooted the node"
+    assert "Module 'hycu' is deny-listed (by kmod)" in host.check_output("journalctl -b -u dcu-emu --no-pager")
+    assert host.file("/run/dcu-driver.reboot-required").exists is False
 
 
 def test_installer_prompts_answered_and_success_logged(host):
     log = host.file(f"/var/log/dcu-serving/rock-install-{DRIVER_VERSION}.log")
     assert (log.user, log.mode) == ("root", 0o600)
     text = log.content_string
-    assert "Update vbios? [y/N]: n" in text  # K100_AI cards: asked, answered no (dcu_driver_update_vbios)
+    # A first install on a physical server (the node says bare metal): -A, and the vbios updated (Hygon's guide).
+    assert text.splitlines()[0] == (
+        f"[answer_prompts] ran: /bin/bash /var/lib/dcu-serving/bundle/driver/rock-{DRIVER_VERSION}.run -A")
+    assert "Update vbios? [y/N]: y" in text  # K100_AI cards: asked, a first install says yes (first-install)
     assert "legacy hymgr config" not in text  # no legacy config on this node: not asked
     assert "HCU online 8, total num 8" in text and "Install successful. Enjoy now!" in text
 
@@ -102,8 +124,8 @@ def test_device_access_fails_for_an_outsider_with_the_fix(host, dcu_module):
     assert "user nobody is not in group render" in result["msg"]
     assert "usermod -aG render nobody" in result["msg"]
     denied = {n["path"] for n in result["nodes"] if n["result"] == "permission denied"}
-    # /dev/mkfd keeps the vendor's 0666 until udev applies the role's rules (at the next boot here).
-    assert denied == {"/dev/kfd"} | {f"/dev/dri/renderD{128 + i}" for i in range(CARDS)}
+    # The node rebooted after the install: the role's rules (0660) applied to every node, mkfd included.
+    assert denied == {"/dev/kfd", "/dev/mkfd"} | {f"/dev/dri/renderD{128 + i}" for i in range(CARDS)}
 
 
 def test_staged_artifacts_are_cached_by_path_size_mtime(host, bundle_index):

@@ -153,12 +153,12 @@ def test_an_image_whose_dtk_does_not_go_with_the_driver_is_refused(host, run_pla
     refused(host, run_playbook, with_service("embed", image=image), f"image {image}", "24.04", "6.3.30")
 
 
-def test_a_bundled_image_run_as_host_is_refused(host, run_playbook):
+def test_a_bundled_image_run_with_the_hosts_hyhal_is_refused(host, run_playbook):
     image = "dcu-serving/vllm-sim:0.11.0-bundled"
     host.check_output(f"printf 'FROM dcu-serving/vllm-sim:0.11.0\\nLABEL dcu-serving.runtime=bundled\\n' "
                       f"| docker build --quiet -t {image} -")
     refused(host, run_playbook, with_service("rerank", image=image),
-            "carries its own runtime", "set runtime: bundled")
+            "built to run with nothing of the host's", "runs it as image", "set runtime: bundled")
 
 
 # --- A change that passes: the canary soaks under callers' requests, then the change stays -----------------------

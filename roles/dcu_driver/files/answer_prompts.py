@@ -25,6 +25,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main():
         os.makedirs(os.path.dirname(spec["log"]), mode=0o750, exist_ok=True)
         fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as log:
+            log.write("[answer_prompts] ran: {}\n".format(" ".join(shlex.quote(arg) for arg in command)))
             log.write(output)
             if message:
                 log.write(f"\n[answer_prompts] {message}\n")

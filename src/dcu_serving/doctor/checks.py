@@ -17,8 +17,19 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from dcu_serving import dtk_driver, hysmi, rock_version
-from dcu_serving.doctor.host import INSTALL_RECORD, PROXY_UNIT, REBOOT_MARKER, VLLM_UNIT, Host, gib
+from dcu_serving import container_engine, dtk_driver, hysmi, rock_version
+from dcu_serving.doctor.host import (
+    AUDIT_LOG,
+    DRIVER_BOOT_UNIT,
+    DRIVER_BOOT_WANTS,
+    EXPORTER_UNIT,
+    INSTALL_RECORD,
+    PROXY_UNIT,
+    REBOOT_MARKER,
+    VLLM_UNIT,
+    Host,
+    gib,
+)
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 DRIVERS_FIX = "run playbooks/drivers.yml"
@@ -54,10 +65,10 @@ def driver(host: Host) -> list:
     expected = int(host.access_record().get("expected_cards") or 0)
     summary = "{} {} loaded; {} card(s) bound".format(module, version or "(no version file)", len(cards))
     if unbound:
-        findings.append(Finding("driver", FAIL, "{}, but the driver did not bind: {}".format(
+        findings.append(Finding("driver", FAIL, "{}, but these cards have no DRM nodes: {}".format(
             summary, "; ".join(hysmi.describe_function(f) for f in unbound)),
-            "a driver/vbios mismatch or a half-finished install leaves cards unbound: dmesg | grep -i hycu; "
-            "reinstall the driver with playbooks/drivers.yml and reboot"))
+            "a driver/vbios mismatch or a half-finished install leaves cards down: dmesg | grep -i hycu; "
+            "reinstall the driver with playbooks/drivers.yml (dcu_driver_update_vbios) and reboot"))
     elif expected and len(cards) != expected:
         findings.append(Finding("driver", FAIL, f"{summary}, {expected} expected (dcu_driver_expected_cards)",
                                 "lspci -d 1d94: shows what the bus holds; a missing card is a hardware or BIOS "
@@ -434,12 +445,157 @@ def _short(names: list) -> str:
         ", ".join(names[:2]), names[-1], len(names))
 
 
+# --- the host around the cards (docs/field-evidence.md, section 8) -----------------------------------------
+
+
+def _blacklists(host: Host, module: str) -> list:
+    """The modprobe.d files that blacklist module: what systemd-modules-load honours at boot."""
+    directory = host.path("etc", "modprobe.d")
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.endswith(".conf"))
+    except OSError:
+        return []
+    return [os.path.join(directory, name) for name in names
+            if any(line.split("#")[0].split() == ["blacklist", module]
+                   for line in (host.read(os.path.join(directory, name)) or "").splitlines())]
+
+
+def boot(host: Host) -> list:
+    """Will the driver load at the next boot? Hygon's installer blacklists it, which voids modules-load.d."""
+    modules = [host.facts["module"]] if host.facts.get("module") else list(hysmi.DRIVER_MODULES)
+    blacklisted = {module: files for module in modules if (files := _blacklists(host, module))}
+    unit = os.path.exists(host.path("etc", DRIVER_BOOT_UNIT))
+    enabled = os.path.lexists(host.path("etc", DRIVER_BOOT_WANTS))
+    if not blacklisted:
+        return [Finding("boot", OK, "no modprobe blacklist for {}: the kernel loads it by the cards' PCI ids"
+                        .format(" or ".join(modules)) + ("; dcu-driver.service as well" if enabled else ""))]
+    module, files = next(iter(blacklisted.items()))
+    said = "{} is blacklisted in {} (Hygon's installer writes it), so /etc/modules-load.d does not load it".format(
+        module, ", ".join(files))
+    if unit and enabled:
+        return [Finding("boot", OK, said + "; dcu-driver.service loads it at boot")]
+    return [Finding("boot", FAIL, said + ", and dcu-driver.service is {}: the driver will not come back after a "
+                    "reboot".format("installed but not enabled" if unit else "not installed"),
+                    "playbooks/drivers.yml installs and enables dcu-driver.service; until then, after every boot: "
+                    "/opt/hyhal/bin/hy-smi --loaddriver && systemctl restart hymgr")]
+
+
+def _container_units(host: Host) -> dict:
+    """{unit: its text} of the units that run containers (vllm@ with the container runtime, the proxy's and the
+    exporter's container units)."""
+    found = {}
+    for name, path in (("vllm@.service", VLLM_UNIT), ("dcu-proxy.service", PROXY_UNIT),
+                       ("dcu-exporter.service", EXPORTER_UNIT)):
+        text = host.read(host.path("etc", path)) or ""
+        if re.search(r"\bdocker\b.*\brun\b", text):
+            found[name] = text
+    return found
+
+
+def engine(host: Host) -> list:
+    units = _container_units(host)
+    if not units:
+        return [Finding("engine", SKIP, "no unit runs a container (dcu_vllm's host runtime, or nothing installed)")]
+    rc, out = host.run(["docker", "version", "--format", "{{.Server.Version}}"])
+    if rc != 0:
+        return [Finding("engine", FAIL, "docker does not answer (exit {}): {}".format(rc, " ".join(out.split())[-160:]),
+                        "systemctl status docker; journalctl -u docker -n 50")]
+    version = container_engine.parse_version(out)
+    problem = container_engine.problem(out)
+    if problem:
+        return [Finding("engine", FAIL, problem, container_engine.UPGRADE)]
+    refused = [flag.split("=")[0] for flag, _since in container_engine.RUN_FLAGS_SINCE
+               if flag not in container_engine.run_flags(version)]
+    stale = sorted(unit for unit, text in units.items() for flag in refused if flag in text)
+    shown = out.strip().splitlines()[0]
+    if stale:
+        return [Finding("engine", FAIL, "docker {} does not know {}, which {} pass: their containers cannot "
+                        "start".format(shown, ", ".join(refused), ", ".join(stale)),
+                        "playbooks/serving.yml renders the units for the host's engine")]
+    return [Finding("engine", OK, "docker {} runs {}".format(shown, ", ".join(sorted(units))))]
+
+
+def selinux(host: Host) -> list:
+    state = (host.read(host.path("sysfs", "fs", "selinux", "enforce")) or "").strip()
+    if state not in ("0", "1"):
+        return [Finding("selinux", OK, "SELinux is not enabled")]
+    mode = "enforcing" if state == "1" else "permissive"
+    units = _container_units(host)
+    unlabelled = sorted(unit for unit, text in units.items() if not re.search(r"label[=:]disable", text))
+    denials = [line for line in (host.read(os.path.join(host.roots.log, AUDIT_LOG)) or "").splitlines()
+               if "avc:" in line and "denied" in line and "container_t" in line]
+    findings = []
+    if mode == "enforcing" and unlabelled:
+        findings.append(Finding("selinux", FAIL, "SELinux is enforcing and {} mount host paths (the model, "
+                                "/opt/hyhal) with no label option: the containers cannot read them".format(
+                                    ", ".join(unlabelled)),
+                                "playbooks/serving.yml renders them with --security-opt label=disable, as Hygon's "
+                                "recipes run DCU containers"))
+    if denials:
+        path = re.search(r'path="([^"]*)"', denials[-1])
+        findings.append(Finding("selinux", WARN if mode == "permissive" or not unlabelled else FAIL,
+                                "{} SELinux denial(s) for containers in {}; the last for {}".format(
+                                    len(denials), os.path.join(host.roots.log, AUDIT_LOG),
+                                    path.group(1) if path else "an unnamed path"),
+                                "ausearch -m avc -ts recent names each; containers started before the units ran "
+                                "with label=disable restart with playbooks/rolling_restart.yml"))
+    if not findings:
+        findings.append(Finding("selinux", OK, "SELinux is {}; {}".format(
+            mode, "the containers run with label=disable" if units else "no container units")))
+    return findings
+
+
+def _tensor_parallel(instance) -> int:
+    found = re.search(r"(?:--tensor-parallel-size|-tp)[=\s]+(\d+)", instance.serve_args or "")
+    return int(found.group(1)) if found else 1
+
+
+def kernel(host: Host) -> list:
+    """What tensor parallelism over PCIe and BW cards need from the kernel (docs/field-evidence.md K1-K3)."""
+    cards = host.facts.get("cards") or []
+    findings = []
+    units = [i.unit for i in host.instances() if _tensor_parallel(i) > 1]
+    spread = _short(units)
+    series = [hysmi.SERIES_BY_DEVICE.get(card.get("device_id")) for card in cards]
+    over_pcie = bool(units) and hysmi.interconnect(series) != "hlink"
+    if over_pcie:
+        cmdline = host.read(host.path("proc", "cmdline")) or ""
+        if not re.search(r"(?:^|\s)(?:iommu=pt|iommu=off|amd_iommu=off|intel_iommu=off)(?:\s|$)", cmdline):
+            findings.append(Finding(
+                "kernel", WARN, f"{spread} run tensor parallel over PCIe, and the kernel command line has no "
+                "iommu=pt: RCCL's peer-to-peer traffic goes through the IOMMU",
+                "add iommu=pt to GRUB_CMDLINE_LINUX, update the boot loader and reboot; turn off ACS in the BIOS "
+                "for PCIe cards (OAM modules need neither)"))
+        if (host.read(host.path("proc", "sys", "kernel", "numa_balancing")) or "0").strip() not in ("", "0"):
+            findings.append(Finding(
+                "kernel", WARN, f"NUMA auto balancing is on while {spread} run tensor parallel: RCCL warns and "
+                "throughput fluctuates",
+                "sysctl -w kernel.numa_balancing=0, and keep it (dcu_driver_sysctl: {kernel.numa_balancing: 0})"))
+    bw = any(hysmi.series_key(name).startswith("BW") for name in series)
+    count = (host.read(host.path("proc", "sys", "vm", "max_map_count")) or "").strip()
+    if bw and count.isdigit() and int(count) < 262144:
+        findings.append(Finding(
+            "kernel", FAIL, f"vm.max_map_count is {count} on a BW host; inference there needs 262144 or more",
+            "playbooks/drivers.yml sets it (/etc/sysctl.d/90-dcu-serving.conf); now: "
+            "sysctl -w vm.max_map_count=262144"))
+    if not findings:
+        looked = [what for what, applies in (("iommu and NUMA balancing for tensor parallel over PCIe", over_pcie),
+                                             ("vm.max_map_count for BW cards", bw)) if applies]
+        findings.append(Finding("kernel", OK, "checked " + " and ".join(looked) if looked
+                                else "no tensor parallel over PCIe and no BW cards: nothing to check"))
+    return findings
+
+
 # In order: the driver before what needs it, the services before the proxy in front of them.
 CHECKS = [
     ("driver", driver),
     ("hymgr", hymgr),
+    ("boot", boot),
     ("device nodes", device_nodes),
     ("versions", versions),
+    ("engine", engine),
+    ("selinux", selinux),
+    ("kernel", kernel),
     ("images", images),
     ("units", units),
     ("ports", ports),

@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="deadline of each command (hy-smi blocks while hymgr does not answer; default 10)")
     roots = parser.add_argument_group("where the host's parts are (the real host's by default)")
     defaults = Roots()
-    for name in ("sysfs", "dev", "etc", "proc", "run", "state", "hyhal", "dtk"):
+    for name in vars(defaults):
         roots.add_argument(f"--{name}-root", dest=name, default=getattr(defaults, name), metavar="PATH",
                            help=f"default {getattr(defaults, name)}")
     args = parser.parse_args(argv)

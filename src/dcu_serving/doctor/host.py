@@ -17,6 +17,10 @@ VLLM_ENV_DIR = "dcu-serving/vllm"
 PROXY_CONFIG = "dcu-serving/proxy.yml"
 PROXY_UNIT = "systemd/system/dcu-proxy.service"
 VLLM_UNIT = "systemd/system/vllm@.service"
+EXPORTER_UNIT = "systemd/system/dcu-exporter.service"
+DRIVER_BOOT_UNIT = "systemd/system/dcu-driver.service"
+DRIVER_BOOT_WANTS = "systemd/system/multi-user.target.wants/dcu-driver.service"
+AUDIT_LOG = "audit/audit.log"
 REBOOT_MARKER = "/run/dcu-driver.reboot-required"
 
 
@@ -30,6 +34,7 @@ class Roots:
     hyhal: str = "/opt/hyhal"
     dtk: str = "/opt/dtk"
     run: str = "/run"
+    log: str = "/var/log"
 
 
 @dataclass
@@ -41,6 +46,8 @@ class Instance:
     image: str | None
     image_id: str | None
     model: str | None
+    serve_args: str = ""
+    run_options: str = ""
 
     @property
     def unit(self) -> str:
@@ -127,7 +134,8 @@ class Host:
             env = parse_env(self.read(os.path.join(directory, name)) or "")
             port = env.get("DCU_VLLM_PORT", "")
             found.append(Instance(name[:-4], int(port) if port.isdigit() else None, env.get("DCU_VLLM_IMAGE"),
-                                  env.get("DCU_VLLM_IMAGE_ID"), env.get("DCU_VLLM_MODEL")))
+                                  env.get("DCU_VLLM_IMAGE_ID"), env.get("DCU_VLLM_MODEL"),
+                                  env.get("DCU_VLLM_SERVE_ARGS", ""), env.get("DCU_VLLM_RUN_OPTIONS", "")))
         # vllm@2 before vllm@10, services by name
         return sorted(found, key=lambda i: [int(part) if part.isdigit() else part
                                             for part in re.split(r"(\d+)", i.name)])

@@ -1,7 +1,7 @@
 """The doctor as one zipapp, for hosts where dcu-serving is not installed (no proxy venv: a driver-only host,
 or a proxy in its container): `python3 -m dcu_serving.doctor.pack OUT.pyz`, then `python3 OUT.pyz` there.
 
-It holds the doctor and the three modules it imports (hysmi, dtk_driver, rock_version: symlinks into the
+It holds the doctor and the modules it imports (hysmi, dtk_driver, rock_version, container_engine: symlinks into the
 collection's module_utils, stored as their content), nothing else of dcu_serving: the standard library runs it.
 """
 
@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
-MODULES = ("__init__.py", "hysmi.py", "dtk_driver.py", "rock_version.py")
+MODULES = ("__init__.py", "hysmi.py", "dtk_driver.py", "rock_version.py", "container_engine.py")
 MAIN = "import sys\n\nfrom dcu_serving.doctor.cli import main\n\nsys.exit(main())\n"
 
 

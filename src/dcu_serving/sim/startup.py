@@ -151,10 +151,21 @@ def device_problems(kfd: str = "/dev/kfd", dri: str = "/dev/dri", hyhal: str = "
     return []
 
 
+def dtk_problems(env=os.environ) -> list[str]:
+    """An image with its own DTK (DCU_SIM_DTK=image) whose ENV does not hold the DTK's environment: vLLM starts only
+    after `source /opt/dtk/env.sh` (ROCM_PATH, the DTK's libraries on LD_LIBRARY_PATH); without it the HIP
+    libraries are not found (docs/field-evidence.md C8)."""
+    if env.get("DCU_SIM_DTK") != "image" or env.get("ROCM_PATH"):
+        return []
+    return ["ImportError: libgalaxyhip.so.5: cannot open shared object file: No such file or directory (the DTK's "
+            "environment is not set: ROCM_PATH is empty; start vLLM after `source /opt/dtk/env.sh`, as Hygon's "
+            "recipes do)"]
+
+
 def check_devices(env=os.environ):
     """DCU_SIM_DEVICE_CHECKS=1 (set in the image): refuse to start where the real runtime would fail."""
     if env.get("DCU_SIM_DEVICE_CHECKS", "0") != "1":
         return
-    problems = device_problems(hyhal_from_host=env.get("DCU_SIM_HYHAL", "host") == "host")
+    problems = dtk_problems(env) or device_problems(hyhal_from_host=env.get("DCU_SIM_HYHAL", "host") == "host")
     if problems:
         raise StartupError(*problems)

@@ -12,7 +12,9 @@ import stat
 from pathlib import Path
 
 PROFILE_FILE = Path("/run/dcu-emu/profile.json")
+OS_FILE = Path("/run/dcu-emu/os.json")
 RULE_DIRS = ("/lib/udev/rules.d", "/run/udev/rules.d", "/etc/udev/rules.d")
+MODPROBE_DIRS = ("/lib/modprobe.d", "/usr/lib/modprobe.d", "/run/modprobe.d", "/etc/modprobe.d")
 _TOKEN = re.compile(r'\s*([A-Za-z_]+)(\{[^}]*\})?\s*(==|!=|\+=|:=|=)\s*"([^"]*)"\s*,?')
 
 
@@ -31,6 +33,17 @@ def sysfs_root():
 
 def profile():
     return json.loads(PROFILE_FILE.read_text())
+
+
+def blacklisted(module):
+    """The modprobe.d files that blacklist module: kmod's deny-list, which stops loads by alias and
+    systemd-modules-load (`modprobe -b`), not an explicit `modprobe <module>`."""
+    found = []
+    for directory in MODPROBE_DIRS:
+        for conf in sorted(Path(directory).glob("*.conf")) if Path(directory).is_dir() else []:
+            if any(line.split("#")[0].split() == ["blacklist", module] for line in conf.read_text().splitlines()):
+                found.append(str(conf))
+    return found
 
 
 def rules():

@@ -3,12 +3,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """The audit report of verify.yml: what a host runs and where each piece came from (serving_audit's reading,
 dcu_facts, cluster_health, dcu_device_access, the bundle's index.json), its problems, and its drift from the
-inventory and the bundle. Plain data in, plain data out, so the JSON, the Markdown and the tests agree."""
+inventory and the bundle. Plain data in, plain data out, so the JSON, the Markdown and the tests agree; the
+writers at the end put the reports into the report directory (serving_audit's action plugin calls them)."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import fcntl
+import json
+import os
+import tempfile
 import time
 
 
@@ -263,7 +268,60 @@ def audit_markdown(report):
     return "\n".join(out) + "\n"
 
 
-class FilterModule(object):
-    def filters(self):
-        return {"audit_report": audit_report, "audit_fleet": audit_fleet, "audit_gateway": audit_gateway,
-                "audit_gateway_lines": audit_gateway_lines, "audit_markdown": audit_markdown}
+# The report directory on the controller: <host>.json/.md, gateway.json, fleet.json/.md.
+def _write(path, text):
+    """Replace path atomically: a reader never sees half a report."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
+
+
+def read_gateway(report_dir):
+    """What verify.yml's gateway play last found (gateway.json, which serving_audit writes given `gateway`), or None."""
+    try:
+        with open(os.path.join(report_dir, "gateway.json")) as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def _write_fleet(report_dir, hosts, generated):
+    """fleet.json/.md from the reports of `hosts` in report_dir and gateway.json (the caller holds the lock)."""
+    reports = []
+    for host in hosts:
+        try:
+            with open(os.path.join(report_dir, host + ".json")) as handle:
+                reports.append(json.load(handle))
+        except (IOError, OSError, ValueError):
+            pass  # not verified (yet): left out
+    fleet = audit_fleet(reports, generated=generated, gateway=read_gateway(report_dir))
+    _write(os.path.join(report_dir, "fleet.json"), json.dumps(fleet, indent=2, sort_keys=True) + "\n")
+    _write(os.path.join(report_dir, "fleet.md"), audit_markdown(fleet))
+    return [os.path.join(report_dir, "fleet.json"), os.path.join(report_dir, "fleet.md")]
+
+
+def write_gateway(report_dir, gateway):
+    """gateway.json, then fleet.json/.md with it, from the reports of the hosts the gateway reaches."""
+    os.makedirs(report_dir, exist_ok=True)
+    hosts = []
+    for deployment in gateway.get("deployments") or []:
+        if deployment.get("host") not in hosts:
+            hosts.append(deployment.get("host"))
+    with open(os.path.join(report_dir, ".fleet.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write(os.path.join(report_dir, "gateway.json"), json.dumps(gateway, indent=2, sort_keys=True) + "\n")
+        return [os.path.join(report_dir, "gateway.json"), *_write_fleet(report_dir, hosts, gateway.get("generated"))]
+
+
+def write_reports(report_dir, report, hosts):
+    """<host>.json/.md, then fleet.json/.md from the reports of `hosts` found in report_dir (under a lock:
+    with forks, hosts finish at once). Returns the files written."""
+    os.makedirs(report_dir, exist_ok=True)
+    base = os.path.join(report_dir, report["host"])
+    _write(base + ".json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    _write(base + ".md", audit_markdown(report))
+    with open(os.path.join(report_dir, ".fleet.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return [base + ".json", base + ".md", *_write_fleet(report_dir, hosts, report.get("generated"))]

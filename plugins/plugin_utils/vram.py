@@ -332,8 +332,3 @@ def _table(rows, margin, short):
         cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(line)]
         text.append("  ".join(cells).rstrip())
     return "\n".join(text + short)
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"vllm_vram_budget": vllm_vram_budget, "vllm_model_problems": vllm_model_problems}

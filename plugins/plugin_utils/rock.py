@@ -1,7 +1,7 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Filters that decide what dcu_driver does about the rock driver: is the wanted one installed, does the
+"""What dcu_driver does about the rock driver: is the wanted one installed, does the
 loaded module need a reboot. The version strings differ by source (plugins/module_utils/rock_version.py),
 so nothing here compares strings: an install record with the installer's SHA-256 says what was installed,
 and versions are compared normalised.
@@ -114,14 +114,3 @@ def rock_package_of(packages, version, before=None):
     if len(packages) == 1:
         return {"name": packages[0]["name"], "version": packages[0]["version"]}
     return {}
-
-
-class FilterModule(object):
-    def filters(self):
-        return {
-            "rock_packages": rock_packages,
-            "rock_install_state": rock_install_state,
-            "rock_module": rock_module,
-            "rock_reboot_reasons": rock_reboot_reasons,
-            "rock_package_of": rock_package_of,
-        }

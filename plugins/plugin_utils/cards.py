@@ -1,7 +1,7 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Filters over dcu_facts' view of the cards: whether a host's cards match the inventory, said so that an
+"""dcu_facts' view of the cards: whether a host's cards match the inventory, said so that an
 operator can act on it (every card with its PCI address, bound driver and DRM nodes, and the fix)."""
 
 
@@ -34,11 +34,12 @@ def dcu_card_problem(facts, expected=0, wanted=None, variable="the inventory"):
         problem = "the host shows {} DCU card{}, {} expects {}".format(
             len(cards), "" if len(cards) == 1 else "s", variable, expected)
     lines = [_card_line(card) for card in cards]
-    lines += ["not bound: " + device.get("summary", device.get("pci_bus", "?")) for device in unbound]
+    lines += ["not up: " + device.get("summary", device.get("pci_bus", "?")) for device in unbound]
     if unbound:
-        fix = ("a DCU the driver did not bind has no driver and no DRM nodes: check that the driver is loaded "
-               "(lsmod | grep -E 'hycu|hydcu'; hy-smi --loaddriver) and its messages (dmesg | grep -iE 'hycu|hydcu'); "
-               "a card that stays unbound is faulty or needs its vbios updated")
+        fix = ("a DCU without DRM nodes is not usable: with driver none, the driver is not loaded (lsmod | grep -E "
+               "'hycu|hydcu'; hy-smi --loaddriver); with the driver bound, it could not bring the card up, which a "
+               "driver/vbios mismatch does (dcu_driver_update_vbios, then a reboot); read dmesg | grep -iE "
+               "'hycu|hydcu'; a card that stays down is faulty")
     elif not cards:
         fix = ("install and load the driver first (ansible-playbook dcu.serving.drivers -i <inventory>), "
                "then check /opt/hyhal/bin/hy-smi")
@@ -52,8 +53,3 @@ def dcu_card_problem(facts, expected=0, wanted=None, variable="the inventory"):
         "; ".join(lines) if lines else "no DCU device on the PCI bus", fix,
         " ({} other vendor 0x1d94 PCI functions, the CPUs' and switches', are not cards.)".format(ignored)
         if ignored else "")
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"dcu_card_problem": dcu_card_problem}

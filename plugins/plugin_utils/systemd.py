@@ -6,7 +6,7 @@
 DCU hosts run CentOS 7.6 (systemd 219), Kylin V10 and openEuler 20.03 (243), Ubuntu 20.04 (245) and newer.
 An old systemd ignores a directive it does not know with a warning, and a value it does not know
 (Type=exec, ProtectSystem=strict) with nothing at all: the unit silently loses that protection or
-behaviour. This filter rewrites a rendered unit for the host's version: directives newer than it are
+behaviour. systemd_compatible rewrites a rendered unit for the host's version: directives newer than it are
 replaced by their older spelling where one exists (CPUWeight -> CPUShares, ReadWritePaths ->
 ReadWriteDirectories, ProtectSystem=strict -> full, Type=exec -> simple) and dropped otherwise. Versions
 are from systemd's NEWS and man pages (systemd.directives(7)).
@@ -82,8 +82,3 @@ def systemd_compatible(unit, version):
     if moved and service_at is not None:
         out[service_at:service_at] = moved
     return "\n".join(out) + ("\n" if unit.endswith("\n") else "")
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"systemd_compatible": systemd_compatible}

@@ -3,10 +3,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, each
 on the cards it is given) expanded into vLLM instances with their `vllm serve` arguments; the refusals that
-must come before anything starts (cards, ports, names, NUMA); the checks against each model's config.json
-(tensor parallel vs attention heads, context length); and the VRAM budget per card.
+must come before anything starts (cards, ports, names, NUMA); the environment the instances' env files carry.
+(Each model's config.json and the VRAM budget per card: vram.py; the containers' options: containers.py.)
 
-vllm_services() is the one list the units, the proxy's pools and the checks derive from. The default
+vllm_services() is the one list of a host's vLLM instances: the units, the proxy's pools and the checks derive
+from it (vllm_instances, deprecated, is the default layout's view of the same list). The default
 layout (one service named "" over every card, one replica per card) keeps today's names: instances "0".."7",
 units vllm@0..vllm@7, ports base_port + card, the same `vllm serve` arguments.
 """
@@ -16,21 +17,23 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.filter.vllm import env_file_problems
+from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+from ansible_collections.dcu.serving.plugins.plugin_utils import quirks
 
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
-RUNTIMES = ("host", "bundled")
+# What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
+# mounted (the default); `host` - the host's DTK mounted over the image's too; `bundled` - nothing of the host's.
+RUNTIMES = ("image", "host", "bundled")
 _NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 _WORD = re.compile(r"^\S+$")
+# Names an environment variable may have (POSIX portable set).
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# Card series joined by PCIe only, without HLink (xGMI-like) bridges. Tensor parallel over them must not use
-# vLLM's custom all-reduce: on Hygon PCIe cards it can hard-lock the host on the first request, and
-# --disable-custom-all-reduce (RCCL/HCCL) is the stable path (HYGON-AI/vllm-plugin-das issue #54, fix PR #55,
-# BW100 TP=2 under DTK 26.04; ROCm/vllm issue #390 for ROCm generally). Form factors: K100, K100_AI, Z100,
-# Z100L and BW10/BW100/BW150 are PCIe cards (IOMMU/ACS must be off for their P2P); BW1000 and BW1100 are
-# OAM modules on HLink (installer log "Selected hlink type: OAM_7HSW_8HCU"; docs/field-evidence.md).
-PCIE_ONLY_SERIES = frozenset(["K100", "K100_AI", "K100_AI_ECO", "Z100", "Z100L", "BW10", "BW100", "BW150"])
-HLINK_SERIES = frozenset(["BW1000", "BW1100"])
+# Tensor parallel over PCIe-only cards (module_utils/hysmi.py interconnect) must not use vLLM's custom all-reduce: on
+# Hygon PCIe cards it can hard-lock the host on the first request, and --disable-custom-all-reduce (RCCL/HCCL) is the
+# stable path (HYGON-AI/vllm-plugin-das issue #54, fix PR #55, BW100 TP=2 under DTK 26.04; ROCm/vllm issue #390);
+# and RCCL's LL protocol hangs over PCIe without HSA_FORCE_FINE_GRAIN_PCIE=1 (docs/field-evidence.md K2).
+PCIE_TP_ENV = {"HSA_FORCE_FINE_GRAIN_PCIE": "1"}
 
 # What each kind adds to `vllm serve` when the service does not say: pooling models run with
 # `--runner pooling` (vLLM >= 0.10.1; --convert stays auto, so a native XLMRobertaModel or
@@ -41,23 +44,26 @@ _DEFAULT_RUNNER = {"embedding": "pooling", "rerank": "pooling"}
 _CHAT_KINDS = ("chat", "vision")
 
 
+def env_file_problems(env):
+    """What keeps `env` ({name: value}) from being written as a systemd EnvironmentFile, one line each."""
+    problems = []
+    for name, value in sorted((env or {}).items()):
+        if not _ENV_NAME.match(str(name)):
+            problems.append("{!r} is not an environment variable name".format(name))
+        text = str(value)
+        if any(char in text for char in "\n\r\\\"'"):
+            problems.append("{}'s value must be plain text without quotes, backslashes or line breaks".format(name))
+    return problems
+
+
 def _label(service):
     name = service.get("name") if isinstance(service, dict) else None
     return "the default service" if name == "" else "service {}".format(name if name else "(unnamed)")
 
 
-def _series(card):
-    return re.sub(r"[-\s]+", "_", str(card.get("series") or "").strip().upper())
-
-
 def interconnect(cards):
     """'hlink' when every card is an HLink (OAM) series, 'pcie' when one is PCIe-only, else 'unknown'."""
-    series = [_series(card) for card in cards]
-    if series and all(s in HLINK_SERIES for s in series):
-        return "hlink"
-    if any(s in PCIE_ONLY_SERIES for s in series):
-        return "pcie"
-    return "unknown"
+    return hysmi.interconnect([card.get("series") for card in cards])
 
 
 def _numa(card):
@@ -157,7 +163,7 @@ def _serve_args(spec):
         args += ["--enable-auto-tool-choice", "--tool-call-parser", spec["tool_call_parser"]]
     if spec["chat_template"]:
         args += ["--chat-template", spec["chat_template"]]
-    return args + [str(arg) for arg in spec["extra_args"]]
+    return args + list(spec.get("quirk_args") or []) + [str(arg) for arg in spec["extra_args"]]
 
 
 def _service_spec(service, defaults, label, problems):
@@ -173,10 +179,11 @@ def _service_spec(service, defaults, label, problems):
                         "host), got {!r}".format(label, model_dir))
     spec["model_dir"] = model_dir
     spec["image"] = _pick(service, defaults, "image", "")
-    spec["runtime"] = _pick(service, defaults, "runtime", "host")
+    spec["runtime"] = _pick(service, defaults, "runtime", "image")
     if spec["runtime"] not in RUNTIMES:
-        problems.append("{}: runtime {!r} is not host (the image uses the host's hyhal/DTK, mounted read-only) "
-                        "or bundled (the image carries its own runtime)".format(label, spec["runtime"]))
+        problems.append("{}: runtime {!r} is not image (the image's own DTK with the host's hyhal mounted, Hygon's "
+                        "recipe), host (the host's hyhal and DTK mounted) or bundled (the image carries its own "
+                        "runtime)".format(label, spec["runtime"]))
     spec["max_model_len"] = _as_int(_pick(service, defaults, "max_model_len"), "max_model_len", problems, label)
     spec["max_num_seqs"] = _as_int(_pick(service, defaults, "max_num_seqs"), "max_num_seqs", problems, label)
     utilization = _pick(service, defaults, "gpu_memory_utilization")
@@ -234,6 +241,8 @@ def _service_spec(service, defaults, label, problems):
     spec["start_grace"] = _as_int(_pick(service, defaults, "start_grace"), "start_grace", problems, label)
     spec["allow_cross_numa"] = _as_bool(service.get("allow_cross_numa", False))
     spec["disable_custom_all_reduce"] = service.get("disable_custom_all_reduce")
+    spec["quirks_wanted"] = service.get("quirks", True)
+    problems += quirks.quirk_problems(spec["quirks_wanted"], label)
     return spec
 
 
@@ -396,8 +405,25 @@ def _instance(service, spec, label, name, replica, group, tp, host_cards, base_p
         "internal_port_stride": stride,
         "max_images": limit.get("image") if limit else None,
     })
+    if tp > 1 and link != "hlink":
+        instance["env"] = dict(PCIE_TP_ENV, **instance["env"])  # the service's own env wins
+    _apply_quirks(instance)
     instance["serve_args"] = _serve_args(instance)
     return instance
+
+
+def _apply_quirks(instance):
+    """The rows of the quirks table that match the instance (its kind, cards and image's vLLM): their arguments
+    before extra_args, their environment under the service's; a quirk whose flag the service passes itself is left
+    out. instance['quirks'] names what was applied."""
+    given = set(str(arg).split("=", 1)[0] for arg in instance["extra_args"])
+    instance["quirks"], instance["quirk_args"] = [], []
+    for quirk in quirks.vllm_quirks(instance["kind"], instance["series"], instance["image"], instance["quirks_wanted"]):
+        if any(arg in given for arg in quirk["args"] if str(arg).startswith("--")):
+            continue
+        instance["quirks"].append(quirk["id"])
+        instance["quirk_args"] += quirk["args"]
+        instance["env"] = dict(quirk["env"], **instance["env"])
 
 
 def _port_problems(instances, problems):
@@ -446,9 +472,32 @@ def vllm_services(services, cards, defaults=None):
     return instances
 
 
-class FilterModule(object):
-    def filters(self):
-        return {
-            "vllm_services": vllm_services,
-            "vllm_service_problems": vllm_service_problems,
-        }
+# What vllm_instances (deprecated) returned per instance: the default layout's keys before services existed.
+LEGACY_INSTANCE_KEYS = ("card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
+                        "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len", "max_images")
+
+
+def default_layout(cards, wanted=None, model="", model_dir=""):
+    """The default layout as a service list: one service named "" serving `model` on every wanted card (all
+    cards when none is named), one replica per card, so its instances are named by their card (vllm@0..)."""
+    indexes = [int(i) for i in wanted or []] or [int(c["index"]) for c in cards or []]
+    return [{"name": "", "kind": "vision", "models": [model] if model else [], "model_dir": model_dir,
+             "cards": indexes, "replicas": len(indexes)}]
+
+
+def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", cpulists=None, model="",
+                   max_num_seqs=0, max_model_len=0, max_images=None, internal_port_base=20000,
+                   internal_port_stride=100):
+    """Deprecated (use vllm_services): the default layout's instances, as the filter of that name returned them
+    before model services existed - worked out by vllm_services, so there is one list of instances."""
+    if not model:
+        raise AnsibleFilterError("vllm_instances (deprecated, use vllm_services): give model, the served model name")
+    defaults = {"base_port": base_port, "client_host": client_host, "cpulists": cpulists or {},
+                "internal_port_base": internal_port_base, "internal_port_stride": internal_port_stride,
+                "max_num_seqs": max_num_seqs or None, "max_model_len": max_model_len or None,
+                "limit_mm_per_prompt": {"image": max_images} if max_images is not None else {}}
+    instances = vllm_services(default_layout(cards, wanted, model, "/"), cards, defaults)
+    legacy = [dict((key, instance.get(key)) for key in LEGACY_INSTANCE_KEYS) for instance in instances]
+    for instance in legacy:  # 0 where unset, as before
+        instance.update(max_num_seqs=instance["max_num_seqs"] or 0, max_model_len=instance["max_model_len"] or 0)
+    return legacy

@@ -1,6 +1,6 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see the collection's LICENSE)
-"""Filters that decide how dcu_proxy installs and runs dcu-proxy.
+"""How dcu_proxy installs and runs dcu-proxy.
 
 - proxy_runtime: `venv` (the host's python3) or `container` (the bundle's proxy image, its own Python),
   from what the host's interpreter is, dcu-serving's Requires-Python and the Python the bundle's wheels
@@ -137,9 +137,3 @@ def _same_version(a, b):
         return Version(str(a)) == Version(str(b))
     except (InvalidVersion, TypeError):
         return str(a) == str(b)
-
-
-class FilterModule:
-    def filters(self):
-        return {"proxy_runtime": proxy_runtime, "proxy_requirements": proxy_requirements,
-                "wheel_requires_python": wheel_requires_python}

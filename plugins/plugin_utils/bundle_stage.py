@@ -68,12 +68,3 @@ def bundle_unlisted(paths, directory, artifacts):
         if target not in remove:
             remove.append(target)
     return sorted(remove)
-
-
-class FilterModule(object):
-    def filters(self):
-        return {
-            "bundle_staged": bundle_staged,
-            "bundle_stage_dirs": bundle_stage_dirs,
-            "bundle_unlisted": bundle_unlisted,
-        }

@@ -1,0 +1,1 @@
+../../plugins/module_utils/container_engine.py
