@@ -346,7 +346,8 @@ def test_a_drain_left_by_a_failed_rolling_restart_fails_site_yml_at_once_with_th
     assert msg.startswith("7/8 healthy (expected 8) after "), msg
     assert "vllm@3: drained in the proxy" in msg and f"`{command}` restarts it" in msg, msg
     seconds = task_seconds(task)
-    print(f"site.yml named the drained vllm@3 after {seconds:.1f}s of its health check; the whole run took {took:.1f}s")
+    print(f"site.yml named the drained vllm@3 after {seconds:.1f}s of its health check; the whole run took {took:.1f}s:"
+          f" {msg}")
     assert seconds < 30, f"the health check took {seconds:.1f}s to name the drained instance"
 
     # The command it gives, as an operator runs it (the scenario's inventory for <inventory>).
