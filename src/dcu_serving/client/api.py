@@ -156,12 +156,13 @@ class Client:
         """POST with bounded retries of what is safe to retry; returns the response and attempts."""
         data = json.dumps(body, ensure_ascii=False).encode()
         url = f"{self.base_url}/v1/chat/completions"
+        # The orid also as a header: a request dcu-proxy refuses before reading its body is still logged under it.
+        headers = {"Content-Type": "application/json", "X-Orid": body["user"]}
         attempt = 0
         while True:
             attempt += 1
             try:
-                resp = self.session.post(url, data=data, stream=stream, timeout=self.timeout,
-                                         headers={"Content-Type": "application/json"})
+                resp = self.session.post(url, data=data, stream=stream, timeout=self.timeout, headers=headers)
             except requests.Timeout as e:
                 raise ServiceTimeout(
                     f"no answer within the client timeout of {self.timeout}s: lower max_tokens, "

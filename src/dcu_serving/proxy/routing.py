@@ -98,8 +98,8 @@ def unrouted(api: Api, model, groups: list[Group], by_model: dict, passing: bool
                           f"do: {fitting}. {declare(api, model, group)}", "model")
 
 
-# The kind a hint names for an API that several kinds serve: the one made for it.
-_HINT_ORDER = ("chat", "embedding", "rerank", "transcription", "vision")
+# The kind a hint names for an API that several kinds serve: the one made for it (chat before vision).
+_HINT_ORDER = ("chat", "embedding", "rerank", "transcription", "speech", "vision")
 
 
 def declare(api: Api, model: str, group: Group) -> str:
