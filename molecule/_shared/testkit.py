@@ -39,6 +39,20 @@ def run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, time
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def reboot(host_name: str, timeout: int = 600) -> tuple[int, str]:
+    """Reboot a node as an operator reboots a host - ansible.builtin.reboot over the scenario's own connection - and
+    wait until its systemd has finished booting (every enabled unit started or failed). Returns (rc, output)."""
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    args = {"reboot_command": "systemctl reboot", "boot_time_command": "cut -d' ' -f22 /proc/1/stat",
+            "test_command": "systemctl is-system-running | grep -qxE 'running|degraded'",
+            "reboot_timeout": timeout - 30}
+    argv = [shutil.which("ansible") or "ansible", "-i", str(inventory), host_name, "-b", "-m",
+            "ansible.builtin.reboot", "-a", json.dumps(args)]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=PROJECT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def start_playbook(playbook: str, *args: str, extra_vars: dict | None = None, env: dict | None = None):
     """run_playbook without waiting: the Popen of ansible-playbook in its own session (interrupt it with
     kill_playbook); its output is discarded."""

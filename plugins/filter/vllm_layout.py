@@ -14,5 +14,6 @@ class FilterModule(object):
             "vllm_service_problems": services.vllm_service_problems,
             "vllm_instances": services.vllm_instances,
             "env_file_problems": services.env_file_problems,
+            "vllm_kernel_advice": services.vllm_kernel_advice,
             "vllm_served_models": services.served_models,
         }

@@ -4,7 +4,7 @@
 """The container engine of a DCU host: which docker it is and which of our `docker run` options it accepts.
 
 Kylin V10 and openEuler ship docker-engine 18.09; CentOS 7 DCU hosts carry docker-ce 19.03 or the distribution's
-1.13 (docs/field-evidence.md O9). Their CLI refuses flags added later ("unknown flag: --pull"), so units render
+1.13 (docs/field-evidence.md O10). Their CLI refuses flags added later ("unknown flag: --pull"), so units render
 only what the host's engine knows, and an engine older than the oldest supported is refused up front.
 Shared by the roles (through dcu.serving.host_probe) and dcu-doctor (symlinked into src/dcu_serving/).
 Python 2.7/3.6 compatible: it runs on old targets.

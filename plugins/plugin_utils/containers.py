@@ -11,6 +11,7 @@ import re
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.plugin_utils.dtk_check import dtk_driver_check
+from ansible_collections.dcu.serving.plugins.plugin_utils.quirks import vllm_version
 
 
 def vllm_device_nodes(stat_lines):
@@ -97,8 +98,6 @@ def image_inspect_results(commands):
 
 
 _DTK_TAG = re.compile(r"dtk[-_]?(\d{2})\.?(\d{2}(?:\.\d+)?)", re.IGNORECASE)
-# Hygon's vLLM images carry the vLLM version first in their tag: vllm:0.9.2-ubuntu22.04-dtk26.04-py3.10.
-_VLLM_TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?)(?:$|[-_+])")
 # What each runtime takes from the host (docs/services.md, Runtimes; docs/field-evidence.md C8).
 RUNTIME_MOUNTS = {"image": "the host's hyhal (the image's own DTK)", "host": "the host's hyhal and DTK",
                   "bundled": "nothing of the host's"}
@@ -128,14 +127,13 @@ def vllm_images(inspect_results):
                 found = {}
         config = found.get("Config") or {}
         labels = config.get("Labels") or {}
-        repository, tag = _image_tag(ref)
-        dtk = _DTK_TAG.search(tag)
-        vllm = _VLLM_TAG.match(tag) if "vllm" in repository.lower() else None
+        dtk = _DTK_TAG.search(_image_tag(ref)[1])
+        vllm = vllm_version(ref)
         images[ref] = {
             "id": found.get("Id") or "unknown (not loaded yet)",
             "dtk": labels.get("dcu-serving.dtk") or ("{}.{}".format(dtk.group(1), dtk.group(2)) if dtk else ""),
             "runtime": labels.get("dcu-serving.runtime") or "",
-            "vllm": labels.get("dcu-serving.vllm") or (vllm.group(1) if vllm else ""),
+            "vllm": labels.get("dcu-serving.vllm") or (".".join(str(part) for part in vllm) if vllm else ""),
             "dtk_env": "image" if any(str(e).startswith("ROCM_PATH=") for e in config.get("Env") or []) else "source",
         }
     return images

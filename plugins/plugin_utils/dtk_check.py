@@ -36,12 +36,14 @@ def dtk_driver_check(image_dtk, host_driver_version, host_dtk_version=None, imag
         built, mounted = dtk_driver.dtk_version(image_dtk), dtk_driver.dtk_version(host_dtk_version)
         if not mounted:
             problems.append("image {}: runtime host mounts the host's DTK, but the host has none (dcu_facts' "
-                            "dtk.version is empty). Fix: set the service's runtime to image (the default: the image's own DTK with the "
-                            "host's hyhal, Hygon's recipe), or install the DTK with playbooks/drivers.yml.".format(image))
+                            "dtk.version is empty). Fix: set the service's runtime to image (the default: the image's "
+                            "own DTK with the host's hyhal, Hygon's recipe), or install the DTK with "
+                            "playbooks/drivers.yml.".format(image))
         elif built and built != mounted:
             problems.append("image {image} was built on DTK {built}, but runtime host mounts the host's DTK "
-                            "{mounted} over it. Fix: set the service's runtime to image (the default: the image's own DTK with the "
-                            "host's hyhal, Hygon's recipe), or use an image built on DTK {mounted}.".format(
+                            "{mounted} over it. Fix: set the service's runtime to image (the default: the image's own "
+                            "DTK with the host's hyhal, Hygon's recipe), or use an image built on DTK {mounted}."
+                            .format(
                                 image=image, built=built, mounted=mounted))
     driver = str(host_driver_version).strip() if host_driver_version else ""
     checks = [("image {} (DTK {})".format(image, dtk_driver.dtk_version(image_dtk) or "?"), image_dtk, True)]

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a host's container engine and SELinux mean for the containers our units run, from ansible_facts.dcu_host
 (host_probe's host facts): the `docker run` options every unit passes there, and whether the engine is one the
-collection supports (docs/field-evidence.md O9-O11)."""
+collection supports (docs/field-evidence.md O9-O12)."""
 
 from ansible_collections.dcu.serving.plugins.module_utils import container_engine
 

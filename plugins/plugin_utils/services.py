@@ -17,7 +17,8 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dcu.serving.plugins.module_utils import hysmi
+from ansible_collections.dcu.serving.plugins.module_utils import host_kernel, hysmi
+from ansible_collections.dcu.serving.plugins.plugin_utils import quirks
 
 KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
 # What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
@@ -162,7 +163,7 @@ def _serve_args(spec):
         args += ["--enable-auto-tool-choice", "--tool-call-parser", spec["tool_call_parser"]]
     if spec["chat_template"]:
         args += ["--chat-template", spec["chat_template"]]
-    return args + [str(arg) for arg in spec["extra_args"]]
+    return args + list(spec.get("quirk_args") or []) + [str(arg) for arg in spec["extra_args"]]
 
 
 def _service_spec(service, defaults, label, problems):
@@ -240,6 +241,8 @@ def _service_spec(service, defaults, label, problems):
     spec["start_grace"] = _as_int(_pick(service, defaults, "start_grace"), "start_grace", problems, label)
     spec["allow_cross_numa"] = _as_bool(service.get("allow_cross_numa", False))
     spec["disable_custom_all_reduce"] = service.get("disable_custom_all_reduce")
+    spec["quirks_wanted"] = service.get("quirks", True)
+    problems += quirks.quirk_problems(spec["quirks_wanted"], label)
     return spec
 
 
@@ -404,8 +407,23 @@ def _instance(service, spec, label, name, replica, group, tp, host_cards, base_p
     })
     if tp > 1 and link != "hlink":
         instance["env"] = dict(PCIE_TP_ENV, **instance["env"])  # the service's own env wins
+    _apply_quirks(instance)
     instance["serve_args"] = _serve_args(instance)
     return instance
+
+
+def _apply_quirks(instance):
+    """The rows of the quirks table that match the instance (its kind, cards and image's vLLM): their arguments
+    before extra_args, their environment under the service's; a quirk whose flag the service passes itself is left
+    out. instance['quirks'] names what was applied."""
+    given = set(str(arg).split("=", 1)[0] for arg in instance["extra_args"])
+    instance["quirks"], instance["quirk_args"] = [], []
+    for quirk in quirks.vllm_quirks(instance["kind"], instance["series"], instance["image"], instance["quirks_wanted"]):
+        if any(arg in given for arg in quirk["args"] if str(arg).startswith("--")):
+            continue
+        instance["quirks"].append(quirk["id"])
+        instance["quirk_args"] += quirk["args"]
+        instance["env"] = dict(quirk["env"], **instance["env"])
 
 
 def _port_problems(instances, problems):
@@ -497,3 +515,14 @@ def vllm_instances(cards, wanted=None, base_port=8002, client_host="127.0.0.1", 
     for instance in legacy:  # 0 where unset, as before
         instance.update(max_num_seqs=instance["max_num_seqs"] or 0, max_model_len=instance["max_model_len"] or 0)
     return legacy
+
+
+def vllm_kernel_advice(instances, cmdline=None, numa_balancing=None):
+    """What the instances that run tensor parallel over PCIe cards need from the kernel and do not get (iommu=pt,
+    NUMA balancing off), one line each with the fix; [] when nothing is missing or nothing needs it. A warning,
+    not a refusal: RCCL runs without them, slower and less steadily (docs/field-evidence.md K1)."""
+    units = [i["unit"] for i in instances or [] if i.get("tensor_parallel", 1) > 1 and i.get("interconnect") != "hlink"]
+    if not units:
+        return []
+    return ["{} run tensor parallel over PCIe, and {}. Fix: {}".format(", ".join(units), what, fix)
+            for what, fix in host_kernel.tensor_parallel_problems(cmdline, numa_balancing)]

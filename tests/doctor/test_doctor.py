@@ -297,30 +297,32 @@ def test_a_blacklisted_driver_without_the_boot_unit_will_not_come_back_after_a_r
     (units / "multi-user.target.wants").mkdir(parents=True)
     (units / "dcu-driver.service").write_text("[Service]\nExecStart=/opt/hyhal/bin/hy-smi --loaddriver\n")
     (units / "multi-user.target.wants" / "dcu-driver.service").symlink_to("../dcu-driver.service")
-    rc, findings = dcu_host.findings()
-    assert of(findings, "boot")[0]["status"] == "ok" and "dcu-driver.service loads it" in of(findings, "boot")[0]["message"]
+    _rc, findings = dcu_host.findings()
+    [boot] = of(findings, "boot")
+    assert boot["status"] == "ok" and "dcu-driver.service loads it" in boot["message"]
 
 
 def test_an_engine_older_than_a_units_flag_or_than_supported_fails_naming_both(dcu_host: DoctorHost):
     dcu_host.with_instances()
     unit = dcu_host.etc / "systemd" / "system" / "vllm@.service"
-    unit.write_text(unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
+    unit.write_text("# --pull=never only from Docker 20.10 on (a comment names it: not a flag)\n"
+                    + unit.read_text().replace("docker run --rm", "docker run --rm --pull=never"))
     dcu_host.stubs["engine"] = "18.09.0"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     [found] = of(findings, "engine", "fail")
     assert found["message"] == ("docker 18.09.0 does not know --pull, which vllm@.service pass: their containers "
                                 "cannot start")
     dcu_host.stubs["engine"] = "1.13.1"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     [found] = of(findings, "engine", "fail")
     assert "docker 1.13.1 is older than the oldest engine supported (18.09)" in found["message"]
     assert "docker-engine 18.09" in found["fix"]
     unit.write_text(unit.read_text().replace(" --pull=never", ""))
     dcu_host.stubs["engine"] = "18.09.0"
     dcu_host.save()
-    rc, findings = dcu_host.findings()
+    _rc, findings = dcu_host.findings()
     assert of(findings, "engine")[0]["message"] == "docker 18.09.0 runs vllm@.service"
 
 

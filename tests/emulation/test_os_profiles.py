@@ -105,3 +105,33 @@ def test_label_disable_or_privileged_keeps_the_mounts(docker, opt):
 def test_permissive_selinux_denies_nothing(docker):
     done = docker("kylin-v10", "run", "-v", "/opt/hyhal:/opt/hyhal:ro", "img", selinux="0")
     assert "/opt/hyhal:/opt/hyhal:ro" in json.loads(done.stdout)
+
+
+def _load(name):
+    """A node-image script (no .py suffix) as a module."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(FILES / name))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_modprobe_d_blacklists_stop_the_boot_s_load_but_not_an_explicit_one(tmp_path, monkeypatch):
+    # systemd-modules-load probes with kmod's blacklist applied ("Module 'hycu' is deny-listed (by kmod)"); an
+    # explicit `modprobe hycu` (hy-smi --loaddriver, dcu-driver.service) is not blocked (field evidence N6, N7).
+    sys.path.insert(0, str(FILES))
+    dcuemu = _load("dcuemu.py")
+    modprobe_d = tmp_path / "modprobe.d"
+    modprobe_d.mkdir()
+    (modprobe_d / "hycu.conf").write_text("options hycu hygon_vbios=0\n")
+    (modprobe_d / "blacklist-hycu.conf").write_text("# Hygon's installer\nblacklist hycu\n")
+    monkeypatch.setattr(dcuemu, "MODPROBE_DIRS", (str(tmp_path / "none"), str(modprobe_d)))
+    assert dcuemu.blacklisted("hycu") == [str(modprobe_d / "blacklist-hycu.conf")]
+    assert dcuemu.blacklisted("hydcu") == []
+    modprobe = _load("modprobe")
+    monkeypatch.setattr(modprobe, "dcuemu", dcuemu)
+    loaded = []
+    monkeypatch.setattr(modprobe, "load", lambda module: loaded.append(module) or 0)
+    assert modprobe.main(["-b", "hycu"]) == 0 and loaded == [], "the boot's probe skips it, silently"
+    assert modprobe.main(["hycu"]) == 0 and loaded == ["hycu"], "an explicit load ignores the blacklist"

@@ -22,6 +22,7 @@ illustrative. The files are sparse (os.truncate): a "30 GB" model costs nothing.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -86,3 +87,15 @@ def make_model_dir(root: Path, name: str, config_name: str | None = None) -> Pat
         (path / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": sum(layout["weights"].values())}, "weight_map": weight_map}))
     return path
+
+
+def services(**changes):
+    """SERVICES with per-service changes: services(chat={"cards": [0, 1, 2]})."""
+    result = copy.deepcopy(SERVICES)
+    for service in result:
+        service.update(changes.get(service["name"], {}))
+    return result
+
+
+def by_name(instances):
+    return {i["name"]: i for i in instances}

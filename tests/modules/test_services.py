@@ -3,25 +3,15 @@ arguments, and every refusal before anything starts - each naming the service an
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from ansible.errors import AnsibleFilterError
-from modules.services_host import CARDS, DEFAULTS, SERVICES
+from modules.services_host import CARDS, DEFAULTS, SERVICES, by_name, services
 
-from ansible_collections.dcu.serving.plugins.plugin_utils.services import vllm_service_problems, vllm_services
-
-
-def services(**changes):
-    """SERVICES with per-service changes: services(chat={"cards": [0, 1, 2]})."""
-    result = copy.deepcopy(SERVICES)
-    for service in result:
-        service.update(changes.get(service["name"], {}))
-    return result
-
-
-def by_name(instances):
-    return {i["name"]: i for i in instances}
+from ansible_collections.dcu.serving.plugins.plugin_utils.services import (
+    vllm_kernel_advice,
+    vllm_service_problems,
+    vllm_services,
+)
 
 
 def test_the_platform_layout():
@@ -242,3 +232,15 @@ def test_the_filter_refuses_with_every_problem_at_once():
     assert "card 9 is not on this host" in message and "card 2 is given to service chat and service vision" in message
     assert vllm_service_problems([], CARDS, DEFAULTS) == [
         "no service to run: list at least one (name, kind, models, model_dir, cards)"]
+
+
+def test_tensor_parallel_over_pcie_is_warned_about_the_kernel_it_lacks():
+    instances = vllm_services(SERVICES, CARDS, DEFAULTS)  # chat: TP=2 over K100_AI (PCIe)
+    advice = vllm_kernel_advice(instances, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet", "1\n")
+    assert [line.split(", and ")[1].split(".")[0] for line in advice] == [
+        "the kernel command line has no iommu=pt: RCCL's peer-to-peer traffic between PCIe cards goes through the "
+        "IOMMU", "NUMA auto balancing is on: RCCL warns and throughput fluctuates"]
+    assert all(line.startswith("vllm@chat-0 run tensor parallel over PCIe") and "Fix: " in line for line in advice)
+    assert vllm_kernel_advice(instances, "ro quiet iommu=pt", "0\n") == []
+    hlink = vllm_services(SERVICES, [dict(card, series="BW1100") for card in CARDS], DEFAULTS)
+    assert vllm_kernel_advice(hlink, "ro quiet", "1") == [], "OAM modules on HLink need neither"

@@ -1,11 +1,16 @@
-"""The BW OAM box after site.yml over SSH (converged twice): what an operator trying us on a real host would
-check first. Tests run in file order; the ones that stop hymgr or break the inventory come last."""
+"""The BW OAM box on a Kylin V10-like OS after site.yml over SSH (converged twice): what an operator trying us on a
+real host would check first. Tests run in file order; the reboot, and the ones that stop hymgr or break the
+inventory, come last."""
 
 from __future__ import annotations
 
 import json
+import time
 
+import testkit
 from testkit import PROJECT
+
+from support import wait_until  # tests/support.py, on pytest's pythonpath
 
 testinfra_hosts = ["node"]
 SYSFS = "/run/dcu-emu/sys"
@@ -21,8 +26,7 @@ def test_the_operator_is_not_root_and_becomes_root_with_sudo(host):
 
 
 def test_every_card_serves_behind_the_proxy(host):
-    status = json.loads(host.check_output(
-        "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8000/__lb_status\").read().decode())'"))
+    status = lb_status(host)
     assert (status["healthy"], status["total"]) == (8, 8), status
     for card in range(8):
         assert host.service(f"vllm@{card}").is_running
@@ -77,6 +81,103 @@ def test_the_driver_was_installed_once_and_recorded_by_its_installer(host):
     assert logs == [f"/var/log/dcu-serving/rock-install-{driver['version']}.log"]
     assert host.check_output("sudo grep -c 'Install successful' " + logs[0]) == "1"
     assert not host.file("/run/dcu-driver.reboot-required").exists
+
+
+# --- The host around the cards: Kylin V10's docker 18.09, SELinux enforcing, the vendor's blacklist ------------------
+
+def lb_status(host) -> dict:
+    return json.loads(host.check_output(
+        "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8000/__lb_status\", "
+        "timeout=5).read().decode())'"))
+
+
+def test_every_container_runs_on_docker_18_09_with_only_the_flags_it_knows(host):
+    assert host.check_output("sudo docker version --format '{{.Server.Version}}'") == "18.09.0"
+    unit = host.check_output("systemctl cat vllm@.service")
+    assert "--pull" not in "".join(line for line in unit.splitlines() if not line.startswith("#")), \
+        "docker 18.09 answers 'unknown flag: --pull'"
+    inspect = json.loads(host.check_output("sudo docker inspect vllm-0"))[0]
+    assert inspect["State"]["Running"]
+
+
+def test_selinux_is_enforcing_and_the_containers_read_the_host_paths_they_mount(host):
+    assert host.check_output("sudo getenforce") == "Enforcing"
+    for index in range(8):
+        inspect = json.loads(host.check_output(f"sudo docker inspect vllm-{index}"))[0]
+        assert "label=disable" in inspect["HostConfig"]["SecurityOpt"], "as Hygon's recipes run DCU containers"
+        assert "/opt/hyhal:/opt/hyhal:ro" in inspect["HostConfig"]["Binds"]
+    denials = host.run("sudo grep -c 'scontext=system_u:system_r:container_t' /var/log/audit/audit.log").stdout
+    assert denials.strip() in ("", "0"), "a container was denied a host path"
+
+
+def test_vllm_runs_in_the_image_s_own_dtk_with_the_host_s_hyhal(host):
+    # Hygon's recipe (runtime image): the image's /opt/dtk, its env.sh sourced because its ENV lacks ROCM_PATH.
+    inspect = json.loads(host.check_output("sudo docker inspect vllm-0"))[0]
+    assert not any(bind.split(":")[1] == "/opt/dtk" for bind in inspect["HostConfig"]["Binds"])
+    pid = host.check_output("sudo docker inspect --format '{{.State.Pid}}' vllm-0")
+    environ = host.check_output(f"sudo cat /proc/{pid}/environ").split("\x00")
+    assert "ROCM_PATH=/opt/dtk" in environ, "the unit sourced the image's /opt/dtk/env.sh before vllm serve"
+
+
+def test_the_switch_endpoints_the_driver_binds_are_counted_apart_not_as_cards(host, dcu_module):
+    facts = dcu_module(host, "dcu.serving.dcu_facts", sysfs_root=SYSFS)["ansible_facts"]["dcu"]
+    assert facts["card_count"] == 8 and facts["unbound"] == []
+    assert facts["driver_functions"] == 14, "two switch trees of seven a110 endpoints, bound to hycu"
+
+
+def test_the_bw_host_got_its_map_count(host):
+    assert host.file("/etc/sysctl.d/90-dcu-serving.conf").content_string.splitlines()[-1].startswith(
+        "vm.max_map_count = ")
+    assert int(host.file("/proc/sys/vm/max_map_count").content_string) >= 262144
+
+
+def test_the_doctor_finds_the_host_around_the_cards_in_order(host):
+    rc, output = testkit.run_playbook("doctor.yml", env={"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"},
+                                      timeout=300)
+    assert rc == 0, output[-3000:]
+    document, _end = json.JSONDecoder().raw_decode(output[output.find("{"):])
+    tasks = [task for play in document["plays"] for task in play["tasks"]]
+    [read] = [task["hosts"]["node"] for task in tasks if task["task"]["name"] == "Read the findings"]
+    statuses = {f["check"]: (f["status"], f["message"]) for f in read["ansible_facts"]["__doctor"]["checks"]}
+    assert statuses["boot"][0] == "ok" and "dcu-driver.service loads it" in statuses["boot"][1]
+    assert statuses["engine"] == ("ok", "docker 18.09.0 runs vllm@.service")
+    assert statuses["selinux"] == ("ok", "SELinux is enforcing; the containers run with label=disable")
+    assert statuses["kernel"][0] == "ok"
+
+
+def test_an_engine_older_than_supported_is_refused_in_seconds_before_anything_changes(host, run_playbook):
+    os_file = "/run/dcu-emu/os.json"
+    original = json.loads(host.file(os_file).content_string)
+    older = json.dumps(dict(original, docker_version="1.13.1", docker_api_version="1.26"))
+    host.run_expect([0], f"echo '{older}' | sudo tee {os_file} >/dev/null")
+    try:
+        assert host.check_output("sudo docker version --format '{{.Server.Version}}'") == "1.13.1"
+        start = time.monotonic()
+        rc, output = run_playbook("site.yml")
+        took = time.monotonic() - start
+    finally:
+        host.run_expect([0], f"echo '{json.dumps(original)}' | sudo tee {os_file} >/dev/null")
+    assert rc != 0
+    assert "docker 1.13.1 is older than the oldest engine supported (18.09): install docker-ce" in output
+    assert "dcu_driver" not in output, "refused in the preflight play, before the driver's"
+    assert took < 30, f"refused after {took:.0f} s"
+
+
+def test_after_a_reboot_the_driver_hymgr_and_8_of_8_come_back_with_nothing_done_by_hand(host):
+    rc, output = testkit.reboot("node")
+    assert rc == 0, output[-3000:]
+    # The vendor's blacklist was in force at this boot (a modules-load.d entry would have been skipped) and nothing
+    # else loaded the driver: dcu-driver.service's condition (no module yet) held, and it loaded it.
+    assert host.file("/etc/modprobe.d/blacklist-hycu.conf").content_string.split() == ["blacklist", "hycu"]
+    assert host.file(f"{SYSFS}/module/hycu").is_directory
+    shown = host.check_output("systemctl show dcu-driver -p ActiveState -p ExecMainStatus -p ConditionResult")
+    assert sorted(shown.splitlines()) == ["ActiveState=active", "ConditionResult=yes", "ExecMainStatus=0"]
+    assert host.service("hymgr").is_running
+    wait_until(lambda: (lb_status(host)["healthy"], lb_status(host)["total"]) == (8, 8), 120,
+               what="8/8 healthy behind the proxy after the reboot")
+    for card in range(8):
+        assert host.service(f"vllm@{card}").is_running
+    assert host.check_output("sudo getenforce") == "Enforcing"
 
 
 def test_a_card_count_the_host_does_not_have_fails_naming_every_card(run_playbook):

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from dcu_serving import addresses, container_engine, dtk_driver, hysmi, rock_version
+from dcu_serving import addresses, container_engine, dtk_driver, host_kernel, hysmi, rock_version
 from dcu_serving.doctor.host import (
     AUDIT_LOG,
     DRIVER_BOOT_UNIT,
@@ -486,7 +486,9 @@ def _container_units(host: Host) -> dict:
     found = {}
     for name, path in (("vllm@.service", VLLM_UNIT), ("dcu-proxy.service", PROXY_UNIT),
                        ("dcu-exporter.service", EXPORTER_UNIT)):
-        text = host.read(host.path("etc", path)) or ""
+        # The unit's directives only: its comments may name flags it does not pass.
+        text = "\n".join(line for line in (host.read(host.path("etc", path)) or "").splitlines()
+                         if not line.lstrip().startswith(("#", ";")))
         if re.search(r"\bdocker\b.*\brun\b", text):
             found[name] = text
     return found
@@ -551,33 +553,22 @@ def _tensor_parallel(instance) -> int:
 
 
 def kernel(host: Host) -> list:
-    """What tensor parallelism over PCIe and BW cards need from the kernel (docs/field-evidence.md K1-K3)."""
+    """What tensor parallelism over PCIe and BW cards need from the kernel (docs/field-evidence.md K1, O13)."""
     cards = host.facts.get("cards") or []
-    findings = []
-    units = [i.unit for i in host.instances() if _tensor_parallel(i) > 1]
-    spread = _short(units)
     series = [hysmi.SERIES_BY_DEVICE.get(card.get("device_id")) for card in cards]
+    units = [i.unit for i in host.instances() if _tensor_parallel(i) > 1]
     over_pcie = bool(units) and hysmi.interconnect(series) != "hlink"
+    findings = []
     if over_pcie:
-        cmdline = host.read(host.path("proc", "cmdline")) or ""
-        if not re.search(r"(?:^|\s)(?:iommu=pt|iommu=off|amd_iommu=off|intel_iommu=off)(?:\s|$)", cmdline):
-            findings.append(Finding(
-                "kernel", WARN, f"{spread} run tensor parallel over PCIe, and the kernel command line has no "
-                "iommu=pt: RCCL's peer-to-peer traffic goes through the IOMMU",
-                "add iommu=pt to GRUB_CMDLINE_LINUX, update the boot loader and reboot; turn off ACS in the BIOS "
-                "for PCIe cards (OAM modules need neither)"))
-        if (host.read(host.path("proc", "sys", "kernel", "numa_balancing")) or "0").strip() not in ("", "0"):
-            findings.append(Finding(
-                "kernel", WARN, f"NUMA auto balancing is on while {spread} run tensor parallel: RCCL warns and "
-                "throughput fluctuates",
-                "sysctl -w kernel.numa_balancing=0, and keep it (dcu_driver_sysctl: {kernel.numa_balancing: 0})"))
+        cmdline = host.read(host.path("proc", "cmdline"))
+        balancing = host.read(host.path("proc", "sys", "kernel", "numa_balancing"))
+        for what, fix in host_kernel.tensor_parallel_problems(cmdline, balancing):
+            findings.append(Finding("kernel", WARN, f"{_short(units)} run tensor parallel over PCIe, and {what}", fix))
     bw = any(hysmi.series_key(name).startswith("BW") for name in series)
-    count = (host.read(host.path("proc", "sys", "vm", "max_map_count")) or "").strip()
-    if bw and count.isdigit() and int(count) < 262144:
-        findings.append(Finding(
-            "kernel", FAIL, f"vm.max_map_count is {count} on a BW host; inference there needs 262144 or more",
-            "playbooks/drivers.yml sets it (/etc/sysctl.d/90-dcu-serving.conf); now: "
-            "sysctl -w vm.max_map_count=262144"))
+    problem = host_kernel.map_count_problem(host.read(host.path("proc", "sys", "vm", "max_map_count"))) if bw else ""
+    if problem:
+        findings.append(Finding("kernel", FAIL, problem, "playbooks/drivers.yml sets it (/etc/sysctl.d/"
+                                f"90-dcu-serving.conf); now: sysctl -w vm.max_map_count={host_kernel.MAX_MAP_COUNT}"))
     if not findings:
         looked = [what for what, applies in (("iommu and NUMA balancing for tensor parallel over PCIe", over_pcie),
                                              ("vm.max_map_count for BW cards", bw)) if applies]

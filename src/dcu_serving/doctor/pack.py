@@ -2,8 +2,8 @@
 or a proxy in its container): `python3 -m dcu_serving.doctor.pack OUT.pyz`, then `python3 OUT.pyz` there.
 
 It holds the doctor and the modules it imports (addresses, host_paths, hysmi, dtk_driver, rock_version,
-container_engine: symlinks into the collection's module_utils, stored as their content), nothing else of
-dcu_serving: the standard library runs it.
+container_engine, host_kernel: symlinks into the collection's module_utils, stored as their content), nothing else
+of dcu_serving: the standard library runs it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
 MODULES = ("__init__.py", "addresses.py", "host_paths.py", "hysmi.py", "dtk_driver.py", "rock_version.py",
-           "container_engine.py")
+           "container_engine.py", "host_kernel.py")
 MAIN = "import sys\n\nfrom dcu_serving.doctor.cli import main\n\nsys.exit(main())\n"
 
 
