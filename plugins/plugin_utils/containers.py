@@ -158,10 +158,10 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
         runtime = instance.get("runtime", "image")
         stated = image.get("runtime")
         if stated and stated != runtime and stated in RUNTIME_MOUNTS:
-            problems.append("{}: the image is built to run with {} (label dcu-serving.runtime={}), but the service "
-                            "runs it as {}, which mounts {}. Fix: set runtime: {} for this service".format(
-                                who, RUNTIME_MOUNTS[stated], stated, runtime, RUNTIME_MOUNTS.get(runtime, "?"),
-                                stated))
+            problems.append("{who}: the image is built to run with {built} (label dcu-serving.runtime={stated}), but "
+                            "the service runs it as {runtime}, which mounts {mounts}. Fix: set runtime: {stated} for "
+                            "this service".format(who=who, built=RUNTIME_MOUNTS[stated], stated=stated, runtime=runtime,
+                                                  mounts=RUNTIME_MOUNTS.get(runtime, "?")))
             continue
         if check_dtk and image.get("dtk"):
             problem = dtk_driver_check(image["dtk"], driver_version, dtk_version, image=instance.get("image"),

@@ -70,9 +70,9 @@ def prometheus_targets(hosts, hostvars, here):
             url = _exported(hostvars, host, fact if local else fact.replace("_url", "_public_url"), role, "exports")
             if not local and not reachable_url(url):
                 raise AnsibleFilterError(
-                    "{} of {} is {}: it listens on loopback only, so Prometheus on {} cannot scrape it; make it listen "
-                    "where {} reaches it (e.g. {}: 0.0.0.0:PORT) or run Prometheus on {}".format(
-                        job, host, url, here, here, fact[:-len("_url")] + "_listen", host))
+                    "{job} of {host} is {url}: it listens on loopback only, so Prometheus on {here} cannot scrape it; "
+                    "make it listen where {here} reaches it (e.g. {listen}: 0.0.0.0:PORT) or run Prometheus on "
+                    "{host}".format(job=job, host=host, url=url, here=here, listen=fact[:-len("_url")] + "_listen"))
             jobs[job].append({"targets": [_target(url)], "labels": {"host": host}})
         address = None if local else str(hostvars[host].get("ansible_host") or host)
         for instance in _exported(hostvars, host, "dcu_vllm_instances", "dcu_vllm", "instances"):
