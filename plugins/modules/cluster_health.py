@@ -18,7 +18,7 @@ description:
   - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends real requests through
     the proxy to prove the service answers end to end - one chat completion with an image; or, given
     O(instances) of model services, one request per service in its own API (chat, vision, embeddings,
-    rerank, transcription).
+    rerank, transcription, speech synthesis).
   - A proxy that refuses connections fails the wait in seconds, not at O(timeout) - at once when its configuration
     (O(proxy_config)) names another port, after O(refused_grace) when its unit is active - naming the URL it tried
     and where that URL came from (O(url_source)).
@@ -308,7 +308,7 @@ def functional_requests(module, url, services, orid, timeout, backends):
                 choice = ((res.body or {}).get("choices") or [{}])[0]
                 out["finish_reason"] = choice.get("finish_reason")
                 out["completion_tokens"] = ((res.body or {}).get("usage") or {}).get("completion_tokens")
-            problem = answer_problem(api, res.body)
+            problem = answer_problem(api, res.body, res.raw)
             if problem is None and out["backend"] not in known:
                 problem = "X-Backend %r is not one of the proxy's backends %s" % (out["backend"], sorted(known))
         if problem:

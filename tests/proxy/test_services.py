@@ -181,8 +181,12 @@ def test_models_lb_status_and_the_requests_no_pool_takes(host):
 
     status = proxy.lb_status()
     assert (status["healthy"], status["total"], status["queue"]) == (5, 5, 0)
-    assert status["models"][CHAT] == {"kind": "chat", "healthy": 2, "total": 2, "active": 0, "queue": 0,
-                                      "backends": [s.url for s in sims["chat"]]}
+    chat = status["models"][CHAT]
+    assert {k: v for k, v in chat.items() if k not in ("speed", "queue_by_cost")} == {
+        "kind": "chat", "healthy": 2, "total": 2, "active": 0, "queue": 0, "queue_policy": "cost",
+        "backends": [s.url for s in sims["chat"]]}
+    assert chat["queue_by_cost"] == {"0-1s": 0, "1-10s": 0, "10-60s": 0, "60s+": 0}
+    assert chat["speed"]["token_ms"] > 0
     assert {m: (s["kind"], s["healthy"], s["total"]) for m, s in status["models"].items()} == {
         CHAT: ("chat", 2, 2), EMBED: ("embedding", 1, 1), RERANK: ("rerank", 1, 1), SPEECH: ("transcription", 1, 1)}
     assert [(b["models"], b["kind"]) for b in status["backends"]][-1] == ([SPEECH], "transcription")
@@ -386,3 +390,25 @@ def test_an_upload_that_could_not_connect_is_retried_and_one_cut_while_sent_is_n
     assert "Safe to retry" in r.json()["error"]["message"]
     cut = proxy.settled_results("cut")
     assert [(line["status"], line["attempts"], line["backend"]) for line in cut] == [(502, 1, name(first))]
+
+
+def test_a_deadline_passed_at_a_card_is_one_message_for_every_api(start_sim, start_proxy):
+    """Chat and an upload passed on as it arrives leave the same attempt loop: the same 504, each with the advice
+    that fits its API, and the card's slot back."""
+    chat = start_sim(*QUICK, served_model_name=CHAT, model_config=DECODER, wait=False)
+    speech = start_sim("--sim-ttft-ms", "5", served_model_name=SPEECH, model_config=WHISPER, wait=False)
+    for sim in (chat, speech):
+        sim.wait_ready()
+    proxy = start_proxy(services([chat], speech=[speech]), healthy=2, models=None, request_timeout=1.0,
+                        health={"interval": 60, "timeout": 1})
+    for sim in (chat, speech):
+        requests.post(sim.url + "/__sim/fault", json={"kind": "hang"}, timeout=5).raise_for_status()
+    said = proxy.chat({"model": CHAT, "user": "c", "messages": [{"role": "user", "content": "hi"}]})
+    upload, ctype = form([("model", SPEECH), ("user", "u"), ("file", "a.wav", wav(120))])  # passed on
+    heard = transcribe(proxy, upload, ctype)
+    head = "The request took longer than the proxy's 1 s deadline (request_timeout)."
+    assert (said.status_code, heard.status_code) == (504, 504)
+    assert said.json()["error"]["message"] == f"{head} Lower max_tokens or turn off thinking."
+    assert heard.json()["error"]["message"] == f"{head} Send less per request, or retry later."
+    assert heard.headers["X-Backend"] == name(speech)
+    assert all(b["active"] == 0 for b in proxy.lb_status()["backends"])

@@ -43,6 +43,7 @@ EMBEDDINGS = Api("embeddings", "Embeddings API", frozenset({"embedding"}))
 RERANK = Api("rerank", "Rerank API", POOLING)
 SCORE = Api("score", "Score API", POOLING)
 TRANSCRIPTIONS = Api("transcriptions", "Transcriptions API", frozenset({"transcription"}), upload=True)
+SPEECH = Api("speech", "Speech API", frozenset({"speech"}))  # vLLM-Omni text to speech: JSON in, audio out
 
 # POST path -> API; vLLM serves rerank and score under several paths.
 APIS: dict[str, Api] = {
@@ -55,6 +56,7 @@ APIS: dict[str, Api] = {
     "/v1/score": SCORE,
     "/score": SCORE,
     "/v1/audio/transcriptions": TRANSCRIPTIONS,
+    "/v1/audio/speech": SPEECH,
 }
 
 
