@@ -144,7 +144,8 @@ images:
   type: list
   elements: dict
 containers:
-  description: One entry per O(containers) with C(name), C(image) (the ref it was started from), C(image_id) and
+  description: One entry per O(containers) with C(name), C(image) (the ref it was started from, or its label
+    C(dcu-serving.image) when it was started by ID), C(image_id) and
     C(running) (null when there is no such container).
   returned: always
   type: list
@@ -255,7 +256,10 @@ def inspect(module, engine, names):
 
 
 def container(name, entry):
-    return {"name": name, "image": (entry.get("Config") or {}).get("Image"), "image_id": entry.get("Image"),
+    # vllm@.service runs the image by its ID and names the tag in the label dcu-serving.image.
+    config = entry.get("Config") or {}
+    image = (config.get("Labels") or {}).get("dcu-serving.image") or config.get("Image")
+    return {"name": name, "image": image, "image_id": entry.get("Image"),
             "running": (entry.get("State") or {}).get("Running")}
 
 

@@ -103,8 +103,8 @@ def audit_report(gathered, host, facts=None, health=None, access=None, bundle=No
     by_ref = dict((i["ref"], i["config_digest"]) for i in images)
     for c in gathered.get("containers") or []:
         if c.get("image_id") and by_ref.get(c.get("image")) and c["image_id"] != by_ref[c["image"]]:
-            drift.append("container %s runs an older %s (%s; the engine's is %s) - run rolling_restart.yml" % (
-                c["name"], c["image"], c["image_id"], by_ref[c["image"]]))
+            drift.append("container %s runs an older %s (%s; the engine's is %s) - serving.yml restarts it on the "
+                         "loaded one" % (c["name"], c["image"], c["image_id"], by_ref[c["image"]]))
 
     models = gathered.get("models") or []
     for m in models:
