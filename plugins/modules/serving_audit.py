@@ -92,7 +92,9 @@ options:
       - The other inputs of the report, each optional - C(facts) (C(ansible_facts.dcu) of dcu.serving.dcu_facts),
         C(health) (the registered result of dcu.serving.cluster_health), C(access) (the results of
         dcu.serving.dcu_device_access), C(bundle) (the bundle's C(index.json)), C(expected) (C(cards),
-        C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid) and C(generated).
+        C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid), C(generated) and
+        C(instances) (the role's C(dcu_vllm_instances): which of them run Python from their model directory,
+        C(trust_remote_code)).
       - Drift is what differs from C(expected) and C(bundle).
     type: dict
   gateway:

@@ -157,6 +157,19 @@ def test_the_report_names_each_part_with_the_bundle_file_and_sum_it_came_from(mo
     assert f"| {VLLM} | {DIGEST} | images/dcu-serving_vllm-sim_0.11.0.tar.gz | {IMAGE_SUM} |" in md
 
 
+def test_the_report_names_each_instance_that_runs_code_from_its_model_directory(module_runner, host):
+    instances = [{"unit": "vllm@vision-0", "model": "MiniCPM-V-4.5", "model_dir": "/srv/models/MiniCPM-V-4.5",
+                  "trust_remote_code": True},
+                 {"unit": "vllm@embed-0", "model": "bge-m3", "model_dir": "/srv/models/bge-m3",
+                  "trust_remote_code": False}]
+    r = report(module_runner, host, instances=instances)
+    assert r["remote_code"] == [{"unit": "vllm@vision-0", "model": "MiniCPM-V-4.5",
+                                 "model_dir": "/srv/models/MiniCPM-V-4.5"}]
+    assert ("Code from the model directory (trust_remote_code): vllm@vision-0 runs MiniCPM-V-4.5's, "
+            "/srv/models/MiniCPM-V-4.5.") in audit_markdown(r)
+    assert "(trust_remote_code): none runs." in audit_markdown(report(module_runner, host))
+
+
 def test_a_standalone_hyhal_is_reported_from_its_marker(module_runner, host):
     (host / "hyhal" / ".info").mkdir()
     (host / "hyhal" / ".info" / "version").write_text("6.3.31\n")

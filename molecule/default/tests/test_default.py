@@ -40,6 +40,16 @@ def test_one_instance_per_card_each_with_only_its_own_card(host):
         assert "/opt/hyhal:/opt/hyhal:ro" in config["Binds"]
         assert "/srv/models/MiniCPM-V-4.5:/srv/models/MiniCPM-V-4.5:ro" in config["Binds"]
         assert by_name[f"vllm-{card}"]["Config"]["User"] != "root"  # the image's unprivileged user
+        # Walls: no capability of Docker's defaults (a single-card instance needs none), no new privileges, tasks
+        # and memory capped (48G per card), and code from the model directory only by the model's opt-in.
+        assert config["CapDrop"] == ["ALL"] and not config["CapAdd"], (config["CapDrop"], config["CapAdd"])
+        assert "no-new-privileges" in config["SecurityOpt"]
+        assert config["PidsLimit"] == 8192 and config["Memory"] == 48 * 1024 ** 3
+        assert "--trust-remote-code" in by_name[f"vllm-{card}"]["Args"]  # the demo's model opts in (MiniCPM-V)
+    pid = host.check_output("docker inspect --format '{{.State.Pid}}' vllm-0")
+    status = dict(line.split(":\t", 1) for line in host.check_output(f"cat /proc/{pid}/status").splitlines()
+                  if ":\t" in line)
+    assert status["CapEff"].strip() == "0" * 16 and status["NoNewPrivs"].strip() == "1", status
 
 
 def test_proxy_runs_hardened_as_its_own_user_with_the_derived_backends(host, unit):
