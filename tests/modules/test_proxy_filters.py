@@ -171,6 +171,13 @@ def test_a_running_venv_whose_marker_cannot_be_read_is_never_the_build_directory
     for marker in (None, "", "garbage"):
         assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-3f2a9c1b07de",
                                     current_digest=marker) == "/opt/dcu-serving/venv-3f2a9c1b07de-2"
-    # ... nor the previous venv (a service not restarted yet runs from it): then -3
+    # ... nor the previous venv when it is not this bundle's (a service not restarted yet runs from it): then -3
     assert proxy.venv_build_dir("/opt/dcu-serving/venv/", DIGEST, current="venv-3f2a9c1b07de-2",
                                 previous="/opt/dcu-serving/venv-3f2a9c1b07de") == "/opt/dcu-serving/venv-3f2a9c1b07de-3"
+
+
+def test_a_switch_back_to_the_previous_bundle_reuses_its_venv():
+    """The previous venv is this bundle's (a rollback to the bundle before): switched back to, not built again."""
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-0a1b2c3d4e5f", current_digest="0" * 64,
+                                previous="venv-3f2a9c1b07de", previous_digest=DIGEST) == \
+        "/opt/dcu-serving/venv-3f2a9c1b07de"
