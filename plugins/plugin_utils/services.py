@@ -106,6 +106,32 @@ def _as_bool(value):
     return bool(value)
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)\s*$")
+_SIZE_UNITS = "KMGT"
+
+
+def memory_bytes(size):
+    """48G -> 51539607552 (K, M, G, T: powers of 1024, as systemd and Docker read them); None when it is no size."""
+    match = _SIZE.match(str(size)) if not isinstance(size, bool) else None
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * 1024 ** (_SIZE_UNITS.index(match.group(2)) + 1 if match.group(2) else 0)
+
+
+def memory_size(count):
+    """51539607552 -> 48G: the largest unit that divides it, as systemd's MemoryMax= and Docker's --memory read it."""
+    for power in range(len(_SIZE_UNITS), 0, -1):
+        if count % 1024 ** power == 0:
+            return "{}{}".format(count // 1024 ** power, _SIZE_UNITS[power - 1])
+    return str(count)
+
+
+def largest_memory(instances):
+    """The largest memory_max of the instances ('' when none has one): the host runtime's one MemoryMax=."""
+    sizes = [i.get("memory_max") for i in instances or [] if i.get("memory_max")]
+    return max(sizes, key=memory_bytes) if sizes else ""
+
+
 def _pick(service, defaults, key, fallback=None):
     value = service.get(key)
     if value is None:
@@ -242,6 +268,12 @@ def _service_spec(service, defaults, label, problems):
             problems.append("{}: {} is for chat and vision models, not {}".format(label, key, kind))
             spec[key] = None
     spec["trust_remote_code"] = _as_bool(_pick(service, defaults, "trust_remote_code", False))
+    spec["memory_per_card"] = _pick(service, defaults, "memory_per_card", "")
+    if spec["memory_per_card"] not in ("", None) and memory_bytes(spec["memory_per_card"]) is None:
+        problems.append("{}: memory_per_card is the host memory an instance may use per card it serves, a size "
+                        "such as 48G (K, M, G, T: powers of 1024), or empty for no limit, got {!r}".format(
+                            label, spec["memory_per_card"]))
+        spec["memory_per_card"] = ""
     extra = _pick(service, defaults, "extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, (str, int, float)) for a in extra):
         problems.append("{}: extra_args must be a list of arguments, one per item, got {!r}".format(label, extra))
@@ -447,6 +479,8 @@ def _instance(service, spec, label, name, replica, group, tp, host_cards, base_p
         "internal_port": internal_port,
         "internal_port_stride": stride,
         "max_images": limit.get("image") if limit else None,
+        # its host memory: per card, times its cards ('' without a limit)
+        "memory_max": memory_size(memory_bytes(spec["memory_per_card"]) * tp) if spec["memory_per_card"] else "",
     })
     if tp > 1 and link != "hlink":
         instance["env"] = dict(PCIE_TP_ENV, **instance["env"])  # the service's own env wins

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dcu_serving.bundle import KINDS
+from dcu_serving.bundle.index import file_problem
 
 VAR = "dcu_bundle_manifest"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -151,6 +152,10 @@ def parse(data: dict) -> Manifest:
         # A URL's name unquoted: Debian's pool quotes the '+' and '~' of versions (%2b, %7e).
         basename = unquote(src.rstrip("/").rsplit("/", 1)[-1]) if "://" in src else src.rstrip("/").rsplit("/", 1)[-1]
         file = _text(item, "file", where, errors, required=False) or f"{KINDS[kind]}/{basename}"
+        problem = file_problem(file, kind)
+        if problem:
+            errors.append(f"{where}.file: {file!r} {problem}")
+            continue
         claim(file, where)
         m.files.append(FileSpec(name, kind, version, src, digest.lower(), file))
 
