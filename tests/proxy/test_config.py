@@ -107,8 +107,8 @@ def test_plain_backends_are_chat_unless_kind_says_otherwise():
     embedding = cfg.build({**BASE, "models": ["bge-m3"], "kind": "embedding"})
     assert [(spec.url, spec.models, spec.kind) for spec in embedding.specs] == [
         (url, ("bge-m3",), "embedding") for url in BASE["backends"]]
-    with pytest.raises(cfg.ConfigError, match="kind: must be one of chat, vision, embedding, rerank, transcription, speech; "
-                                              "got 'embed'"):
+    with pytest.raises(cfg.ConfigError, match="kind: must be one of chat, vision, embedding, rerank, transcription, "
+                                              "speech; got 'embed'"):
         cfg.build({**BASE, "kind": "embed"})
 
 
