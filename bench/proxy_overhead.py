@@ -12,7 +12,10 @@ simulators' CPU per request is printed beside it: on two shared cores it is the 
 Phase 2 (Python client, streams at a fixed inter-token latency): inter-chunk gaps direct vs proxy.
 Phase 3: RSS of a proxy holding 1,000 requests in its queue (all backends hung).
 
-    .venv/bin/python bench/proxy_overhead.py [--seconds 10] [--rounds 1] [--json out.json]
+    .venv/bin/python bench/proxy_overhead.py [--seconds 10] [--rounds 1] [--baseline DIR] [--json out.json]
+
+--baseline DIR adds a second dcu-proxy from DIR (a directory holding a `dcu_serving` package, e.g. main's
+from `git archive`), measured in the same rounds, for a change's cost side by side.
 
 Targets (issue 4): added p50 <= 0.5 ms and p99 <= 1 ms at concurrency 1; CPU <= 0.15 ms per request;
 throughput at concurrency 32 >= 0.7x nginx with no errors; added inter-chunk p99 <= 1 ms; RSS <= 150 MB.
@@ -60,9 +63,11 @@ def measure(h: Harness, name: str, url: str, pid: int | None, backend_pids: list
     return result
 
 
-def phase_overhead(h: Harness, sims: list[str], sim_pids: list[int], seconds: float, rounds: int) -> dict:
+def phase_overhead(h: Harness, sims: list[str], sim_pids: list[int], seconds: float, rounds: int,
+                   baseline: str | None = None) -> dict:
     proxy_url, proxy = h.start_proxy(sims)
     nginx_url, nginx = h.start_nginx(sims, "least_conn")
+    base = h.start_proxy(sims, env={**os.environ, "PYTHONPATH": baseline}) if baseline else None
     out = {}
     for connections in (1, 32):
         runs: dict[str, list[dict]] = {"direct": [], "dcu-proxy": [], "nginx": []}
@@ -70,6 +75,9 @@ def phase_overhead(h: Harness, sims: list[str], sim_pids: list[int], seconds: fl
             runs["direct"].append(measure(h, "direct", sims[0], None, sim_pids, connections, seconds,
                                           spread=sims if connections > 1 else None))
             runs["dcu-proxy"].append(measure(h, "dcu-proxy", proxy_url, proxy.pid, sim_pids, connections, seconds))
+            if base is not None:
+                runs.setdefault("baseline", []).append(
+                    measure(h, "baseline", base[0], base[1].pid, sim_pids, connections, seconds))
             runs["nginx"].append(measure(h, "nginx", nginx_url, nginx.pid, sim_pids, connections, seconds))
             if connections > 1 and PRIORITY_OK:
                 with raised_priority(proxy.pid, nginx.pid):
@@ -80,6 +88,8 @@ def phase_overhead(h: Harness, sims: list[str], sim_pids: list[int], seconds: fl
     out["proxy_rss_mb_after_load"] = rss_mb(proxy.pid)
     h.stop(proxy)
     h.stop(nginx)
+    if base is not None:
+        h.stop(base[1])
     return out
 
 
@@ -217,7 +227,14 @@ def report(res: dict):
             cpu = f"{r['cpu_ms_per_req']:.3f}" if "cpu_ms_per_req" in r else "-"
             print(f"  {path:<12} {r['rps']:>8.0f} {r['p50']:>8.3f} {r['p99']:>8.3f} {r['errors']:>7} {cpu:>11} "
                   f"{r['backends_cpu_ms_per_req']:>11.3f}")
-    print("  (CPU ms/req: the front proxy's; simulators: the eight simulators' together, per request)")
+    print("  (CPU ms/req: the front proxy's; simulators: the eight simulators' together, per request; baseline: "
+          "dcu-proxy from --baseline)")
+    for c in (1, 32):
+        if "baseline" in res["overhead"][c]:
+            p, b = res["overhead"][c]["dcu-proxy"], res["overhead"][c]["baseline"]
+            print(f"this tree / baseline at concurrency {c}: CPU per request {p['cpu_ms_per_req']:.3f} / "
+                  f"{b['cpu_ms_per_req']:.3f} ms ({p['cpu_ms_per_req'] / b['cpu_ms_per_req']:.3f}x), throughput "
+                  f"{p['rps'] / b['rps']:.3f}x, p50 {p['p50']:.3f} / {b['p50']:.3f} ms")
     one, many = res["overhead"][1], res["overhead"][32]
     d, p, n = one["direct"], one["dcu-proxy"], one["nginx"]
     print("\nconcurrency 1, added over direct:")
@@ -258,12 +275,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per path (median is reported)")
     ap.add_argument("--itl-ms", type=float, default=10, help="inter-token latency of the streaming phase")
     ap.add_argument("--queued", type=int, default=1000, help="requests held in the queue for the RSS phase")
+    ap.add_argument("--baseline", help="a directory holding another dcu_serving package, measured beside this one")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     h = Harness()
     try:
         sims = h.start_sims(8, *FAST_SIM)
-        res = {"overhead": phase_overhead(h, sims, h.sim_pids, args.seconds, args.rounds)}
+        res = {"overhead": phase_overhead(h, sims, h.sim_pids, args.seconds, args.rounds, args.baseline)}
         res["queue_rss"] = phase_queue_rss(h, sims, args.queued)
         res["itl_ms"] = args.itl_ms
         res["streaming"] = phase_streaming(h, args.itl_ms)

@@ -191,11 +191,12 @@ class Proxy(ServerProcess):
     def settled_results(self, orid: str) -> list[dict]:
         """The orid's records once every earlier request's record is written.
 
-        The proxy writes the log off its event loop, in order: a marker request (a cheap 400) that
-        shows up in the log proves that everything sent before it is there too.
+        The proxy writes the log off its event loop, in order: a marker request (a cheap 4xx or 503) that
+        shows up in the log proves that everything sent before it is there too. Its orid also goes in the X-Orid
+        header: a proxy with no healthy backend refuses a body that came after its head unread.
         """
         marker = f"marker-{uuid.uuid4().hex}"
-        self.chat({"model": "no-such-model", "messages": [], "user": marker}, timeout=5)
+        self.chat({"model": "no-such-model", "messages": [], "user": marker}, timeout=5, headers={"X-Orid": marker})
         wait_until(lambda: any(r["orid"] == marker for r in self.results()), 10,
                    what="the marker line in the results log")
         return [r for r in self.results() if r["orid"] == orid]

@@ -43,7 +43,7 @@ options:
         (C(ansible_facts.dcu_host)) - C(systemd_version) (a number, or null with C(systemd_error)), C(engine)
         (C(name), C(present), C(version) such as C(20.10.21) with leading zeros dropped - C(18.09.0) reads
         C(18.9.0) - C(version_tuple) such as C([20, 10, 21]), C(raw), and C(error) when it did not answer) and
-        C(selinux) (V(enforcing), V(permissive) or V(disabled), as C(getenforce) says; no command: disabled).
+        C(selinux) (V(enforcing), V(permissive) or V(disabled), as C(getenforce) says; disabled without the command).
       - A host without the engine, or whose daemon does not answer, gets C(version) null and the reason; it is not
         a failure.
       - Roles ask for them only while the host has none - V({{ ansible_facts.dcu_host is undefined }}) - so they

@@ -43,8 +43,8 @@ def problem(text, engine="docker"):
     """'' when the engine that printed `text` (its server version) is supported; else what is wrong, and the fix."""
     version = parse_version(text)
     if version is None:
-        return "{} did not say its version ({!r}): is the engine running? (systemctl status {})".format(
-            engine, (text or "").strip()[:120], engine)
+        return "{engine} did not say its version ({said!r}): is the engine running? (systemctl status {engine})".format(
+            engine=engine, said=(text or "").strip()[:120])
     if tuple(version[:2]) < MINIMUM:
         return "{} {} is older than the oldest engine supported ({}.{:02d}): {}".format(
             engine, text.strip().splitlines()[0], MINIMUM[0], MINIMUM[1], UPGRADE)

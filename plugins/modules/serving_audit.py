@@ -93,7 +93,7 @@ options:
         C(health) (the registered result of dcu.serving.cluster_health), C(access) (the results of
         dcu.serving.dcu_device_access), C(bundle) (the bundle's C(index.json)), C(expected) (C(cards),
         C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid), C(generated) and
-        C(instances) (the role's C(dcu_vllm_instances): which of them run Python from their model directory,
+        C(instances) (the role's C(dcu_vllm_instances), to say which of them run Python from their model directory,
         C(trust_remote_code)).
       - Drift is what differs from C(expected) and C(bundle).
     type: dict

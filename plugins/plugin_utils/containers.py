@@ -47,7 +47,8 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     /dev/dri and HIP_VISIBLE_DEVICES. The model directory is mounted read-only. Runtime `image` (Hygon's recipe: the
     image's own DTK, the host's hyhal) mounts hyhal at /opt/hyhal (where images look for it, whatever the host
     calls it), read-only; runtime `host` also mounts the host's DTK over the image's; runtime `bundled` mounts
-    nothing of the host's. numa_pinning pins an instance to its NUMA node's CPUs and memory when its CPU list is
+    nothing of the host's. An instance with placement `cpu` gets no DCU device or group (and `--cpus` from its
+    cpu_limit). numa_pinning pins an instance to its NUMA node's CPUs and memory when its CPU list is
     known. capabilities (a list: those the inventory adds): every default capability dropped, no new privileges,
     and only these - plus SYS_PTRACE for an instance with tensor parallelism - added back; None leaves Docker's
     defaults. pids_limit caps the tasks of a container (0: none); an instance's memory_max caps its memory.
@@ -63,7 +64,10 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     for instance in instances:
         names = instance.get("env", env if env is not None else ())
         names = sorted(set(["VLLM_PORT", *names]), key=lambda name: name.lower())
-        if device_isolation == "card":
+        if instance.get("placement") == "cpu":
+            # On the host's processors: no DCU node, no device group, no HIP_VISIBLE_DEVICES; its own CPU share.
+            devices = ["--cpus={}".format(instance["cpu_limit"])] if instance.get("cpu_limit") else []
+        elif device_isolation == "card":
             devices = ["--device={}".format(node) for node in
                        instance.get("card_nodes", [instance.get("card_node")])
                        + instance.get("render_nodes", [instance.get("render_node")]) if node]
@@ -92,7 +96,8 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
         if instance.get("memory_max"):
             walls.append("--memory={}".format(instance["memory_max"]))
         key = instance.get("name", instance.get("card"))
-        options[key] = (devices + shared + ["--env={}".format(name) for name in names] + mounts + numa + walls
+        options[key] = (devices + (shared if instance.get("placement") != "cpu" else [])
+                        + ["--env={}".format(name) for name in names] + mounts + numa + walls
                         + list(container_options or []))
     return options
 
@@ -173,15 +178,17 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
         if key in seen:
             continue
         seen.add(key)
+        if instance.get("placement") == "cpu":
+            continue  # a CPU build of vLLM: no DCU runtime to match, none of the host's mounted
         image = (images or {}).get(instance.get("image")) or {}
         who = "service {} (image {})".format(instance.get("service") or instance.get("model"), instance.get("image"))
         runtime = instance.get("runtime", "image")
         stated = image.get("runtime")
         if stated and stated != runtime and stated in RUNTIME_MOUNTS:
-            problems.append("{}: the image is built to run with {} (label dcu-serving.runtime={}), but the service "
-                            "runs it as {}, which mounts {}. Fix: set runtime: {} for this service".format(
-                                who, RUNTIME_MOUNTS[stated], stated, runtime, RUNTIME_MOUNTS.get(runtime, "?"),
-                                stated))
+            problems.append("{who}: the image is built to run with {needs} (label dcu-serving.runtime={stated}), but "
+                            "the service runs it as {runtime}, which mounts {mounts}. Fix: set runtime: {stated} for "
+                            "this service".format(who=who, needs=RUNTIME_MOUNTS[stated], stated=stated, runtime=runtime,
+                                                  mounts=RUNTIME_MOUNTS.get(runtime, "?")))
             continue
         if check_dtk and image.get("dtk"):
             problem = dtk_driver_check(image["dtk"], driver_version, dtk_version, image=instance.get("image"),

@@ -28,6 +28,6 @@ def container_engine_problem(host):
         return "{} is not installed ({}): the containers need it; {}".format(
             name, engine.get("error") or "not found", container_engine.UPGRADE)
     if not engine.get("version"):
-        return "{} did not say its version: {} (is the daemon running? systemctl status {})".format(
-            name, engine.get("error") or "no answer", name)
+        return "{name} did not say its version: {why} (is the daemon running? systemctl status {name})".format(
+            name=name, why=engine.get("error") or "no answer")
     return container_engine.problem(engine.get("raw") or engine["version"], name)

@@ -1,9 +1,10 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, each
-on the cards it is given) expanded into vLLM instances with their `vllm serve` arguments; the refusals that
-must come before anything starts (cards, ports, names, NUMA); the environment the instances' env files carry.
+"""Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, speech,
+each on the cards it is given, or on the CPU) expanded into vLLM instances with their `vllm serve` arguments; the
+refusals that must come before anything starts (cards, ports, names, NUMA); the environment the instances' env
+files carry.
 (Each model's config.json and the VRAM budget per card: vram.py; the containers' options: containers.py.)
 
 vllm_services() is the one list of a host's vLLM instances: the units, the proxy's pools and the checks derive
@@ -20,7 +21,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.dcu.serving.plugins.module_utils import host_kernel, hysmi
 from ansible_collections.dcu.serving.plugins.plugin_utils import quirks
 
-KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription", "speech")
+PLACEMENTS = ("dcu", "cpu")
+# A CPU instance's ports: after every card's (base_port + card), and its internal range after every card's.
+CPU_PORT_OFFSET = 64
 # What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
 # mounted (the default); `host` - the host's DTK mounted over the image's too; `bundled` - nothing of the host's.
 RUNTIMES = ("image", "host", "bundled")
@@ -41,6 +45,9 @@ PCIE_TP_ENV = {"HSA_FORCE_FINE_GRAIN_PCIE": "1"}
 # accepts the older `--task embed|score` with a deprecation warning (removed in 0.13): set `task` on a
 # service whose image runs vLLM < 0.10.1.
 _DEFAULT_RUNNER = {"embedding": "pooling", "rerank": "pooling"}
+# Speech synthesis (CosyVoice3, Qwen3-TTS) is served by vLLM-Omni: `vllm serve MODEL --omni` answers
+# /v1/audio/speech with audio (docs.vllm.ai/projects/vllm-omni, serving/speech_api).
+_KIND_ARGS = {"speech": ["--omni"]}
 _CHAT_KINDS = ("chat", "vision")
 
 
@@ -161,7 +168,7 @@ def _serve_args(spec):
     args += spec["models"]
     for flag, key in (("--max-num-seqs", "max_num_seqs"), ("--max-model-len", "max_model_len"),
                       ("--gpu-memory-utilization", "gpu_memory_utilization")):
-        if spec[key] is not None:
+        if spec[key] is not None and not (key == "gpu_memory_utilization" and spec["placement"] == "cpu"):
             args += [flag, _number_text(spec[key])]
     if spec["limit_mm_per_prompt"]:
         args += ["--limit-mm-per-prompt", json.dumps(spec["limit_mm_per_prompt"], separators=(",", ":"),
@@ -185,6 +192,7 @@ def _serve_args(spec):
             args += ["--runner", spec["runner"]]
         if spec["convert"]:
             args += ["--convert", spec["convert"]]
+    args += _KIND_ARGS.get(spec["kind"], [])
     if spec["tool_call_parser"]:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", spec["tool_call_parser"]]
     if spec["chat_template"]:
@@ -199,6 +207,11 @@ def _service_spec(service, defaults, label, problems):
         problems.append("{}: kind {!r} is not one of {}".format(label, kind, ", ".join(KINDS)))
         return None
     spec = {"kind": kind, "models": _models(service, label, problems)}
+    spec["placement"] = service.get("placement") or "dcu"
+    if spec["placement"] not in PLACEMENTS:
+        problems.append("{}: placement {!r} is not dcu (its cards) or cpu (no card: the host's processors, a CPU "
+                        "build of vLLM)".format(label, spec["placement"]))
+        spec["placement"] = "dcu"
     model_dir = service.get("model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/") or not _WORD.match(model_dir):
         problems.append("{}: model_dir must be an absolute path without spaces (the model directory on the "
@@ -269,12 +282,31 @@ def _service_spec(service, defaults, label, problems):
     env = dict(defaults.get("env") or {})
     env.update(service.get("env") or {})
     problems += ["{}: env: {}".format(label, p) for p in env_file_problems(env)]
+    if spec["placement"] == "cpu":
+        # vLLM's CPU backend sizes its KV cache from this (GiB), not from a card's memory.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(_pick(service, defaults, "cpu_kv_cache_space", 4)))
     spec["env"] = {str(k): str(v) for k, v in env.items()}
     spec["start_grace"] = _as_int(_pick(service, defaults, "start_grace"), "start_grace", problems, label)
     spec["allow_cross_numa"] = _as_bool(service.get("allow_cross_numa", False))
     spec["disable_custom_all_reduce"] = service.get("disable_custom_all_reduce")
     spec["quirks_wanted"] = service.get("quirks", True)
     problems += quirks.quirk_problems(spec["quirks_wanted"], label)
+    spec["cpu_limit"] = None
+    if spec["placement"] == "cpu":
+        limit = service.get("cpu_limit")
+        if limit is not None:
+            try:
+                limit = float(limit)
+                if limit <= 0:
+                    raise ValueError
+                spec["cpu_limit"] = _number_text(int(limit) if limit == int(limit) else limit)
+            except (TypeError, ValueError):
+                problems.append("{}: cpu_limit is the processors the instance may use (docker --cpus), e.g. 8, "
+                                "got {!r}".format(label, limit))
+        if service.get("runtime") in ("host", "image"):
+            problems.append("{}: runtime {} mounts the host's DCU runtime, which a CPU instance does not use: "
+                            "leave runtime out".format(label, service["runtime"]))
+        spec["runtime"] = "bundled"  # nothing of the host's DCU runtime is mounted
     return spec
 
 
@@ -315,6 +347,7 @@ def _expand(services, cards, defaults):
         cpulists[int(node)] = cpus
 
     names = {}
+    cpu_instances = []
     owners = {}  # card -> [service labels]
     served = {}  # model name -> [service labels]
     instances = []
@@ -340,6 +373,15 @@ def _expand(services, cards, defaults):
             if names[name] == 2:
                 problems.append("{}: another service has this name: rename one".format(label))
         spec = _service_spec(service, defaults, label, problems)
+        if spec is not None and spec["placement"] == "cpu":
+            # On the CPU the cards are not used (they may stay listed: `placement: dcu` moves it back to them).
+            for model in spec["models"]:
+                served.setdefault(model, []).append(label)
+            replicas = _as_int(service.get("replicas", 1), "replicas", problems, label)
+            for replica in range(replicas or 0):
+                cpu_instances.append(_cpu_instance(spec, name, replica, len(cpu_instances), base_port, internal_base,
+                                                   stride, client_host))
+            continue
         indexes = _cards_of(service, label, problems)
         for index in indexes:
             owners.setdefault(index, [])
@@ -379,6 +421,7 @@ def _expand(services, cards, defaults):
             problems.append("model name {} is served by {}: the proxy routes each name to one service; rename "
                             "it in all but one (models)".format(model, " and ".join(served[model])))
     instances.sort(key=lambda i: i["cards"][0])
+    instances += cpu_instances
     _port_problems(instances, problems)
     return instances, problems
 
@@ -458,6 +501,26 @@ def _apply_quirks(instance):
         instance["quirks"].append(quirk["id"])
         instance["quirk_args"] += quirk["args"]
         instance["env"] = dict(quirk["env"], **instance["env"])
+
+
+def _cpu_instance(spec, name, replica, position, base_port, internal_base, stride, client_host):
+    """An instance on the host's processors: no card, no device, no DCU environment; ports after every card's."""
+    instance_name = "{}-{}".format(name, replica)
+    port = (base_port or 0) + CPU_PORT_OFFSET + position
+    instance = dict(spec)
+    instance.update({
+        "name": instance_name, "unit": "vllm@{}".format(instance_name), "container": "vllm-{}".format(instance_name),
+        "service": name, "replica": replica, "model": spec["models"][0] if spec["models"] else "",
+        "cards": [], "card": None, "tensor_parallel": 1, "card_nodes": [], "render_nodes": [], "pci_buses": [],
+        "card_node": None, "render_node": None, "pci_bus": None, "series": [], "interconnect": "none",
+        "disable_custom_all_reduce": False, "numa_nodes": [], "numa_node": None, "cpus": "", "visible_devices": "",
+        "port": port, "url": "http://{}:{}".format(client_host, port),
+        "internal_port": (internal_base or 0) + (CPU_PORT_OFFSET + position) * (stride or 0),
+        "internal_port_stride": stride, "max_images": spec["limit_mm_per_prompt"].get("image") or None,
+    })
+    _apply_quirks(instance)
+    instance["serve_args"] = _serve_args(instance)
+    return instance
 
 
 def _port_problems(instances, problems):

@@ -29,7 +29,7 @@ def test_a_converged_serving_host_is_all_ok_in_the_issue_order(dcu_host: DoctorH
     assert [f["status"] for f in findings if f["status"] != "ok"] == [], findings
     checks = list(dict.fromkeys(f["check"] for f in findings))
     assert checks == ORDER == ["driver", "hymgr", "boot", "device nodes", "versions", "engine", "selinux", "kernel",
-                               "images", "units", "ports", "proxy", "disk", "shm"]
+                               "images", "units", "ports", "proxy", "data", "disk", "shm"]
     assert "hycu 6.3.30-V1.4.1a loaded; 2 card(s) bound of 2 expected" in of(findings, "driver")[0]["message"]
     assert "dcu-serving, dcu-batch open them through render, video" in of(findings, "device nodes")[0]["message"]
     assert "2/2 backends healthy" in of(findings, "proxy")[0]["message"]
@@ -402,3 +402,19 @@ def test_tensor_parallel_over_pcie_warns_about_the_kernel_and_a_bw_host_needs_it
     [found] = of(findings, "kernel", "fail")
     assert found["message"] == "vm.max_map_count is 65530 on a BW host; inference there needs 262144 or more"
     assert not of(findings, "kernel", "warn"), "BW1100 modules are OAM: no PCIe peer-to-peer to warn about"
+
+
+def test_a_stopped_etcd_is_named_as_milvus_metadata_store(dcu_host: DoctorHost):
+    units = dcu_host.etc / "systemd" / "system"
+    units.mkdir(parents=True, exist_ok=True)
+    for unit in ("dcu-etcd", "dcu-milvus"):
+        (units / f"{unit}.service").write_text("[Service]\n")
+        dcu_host.unit(unit, "active")
+    dcu_host.unit("dcu-etcd", "inactive")
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    [data] = of(findings, "data", "fail")
+    assert data["message"] == "dcu-etcd is inactive (Milvus' metadata store: Milvus cannot serve without it)"
+    assert "systemctl start dcu-etcd" in data["fix"]
+    dcu_host.unit("dcu-etcd", "active")
+    assert of(dcu_host.findings()[1], "data", "ok")[0]["message"] == "dcu-etcd, dcu-milvus active"

@@ -83,6 +83,36 @@ def test_a_remote_image_url_is_rejected_at_once(url):
     check(images(1, url), Contract(image_urls="allow"))  # allowed when relaxed
 
 
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "image_url", "image_url": {"url": " http://10.0.0.1/a.png"}}, "image_url"),  # a leading space
+    ({"type": "image_url", "image_url": {"url": "ht\ttp://10.0.0.1/a.png"}}, "image_url"),  # urllib drops the tab
+    ({"type": "image_url", "image_url": "\x00https://10.0.0.1/a.png"}, "image_url"),  # a string, a control char
+    ({"type": "input_image", "image_url": "https://10.0.0.1/a.png"}, "image_url"),  # the Responses API's form
+    ({"type": "image_url", "image_url": {"url": "file:///etc/shadow"}}, "image_url"),
+    ({"type": "video_url", "video_url": {"url": "http://10.0.0.1/v.mp4"}}, "video_url"),
+    ({"type": "audio_url", "audio_url": {"url": "HTTPS://10.0.0.1/a.wav"}}, "audio_url"),
+    ({"video_url": "ftp://10.0.0.1/v.mp4"}, "video_url"),  # no type: vLLM goes by the key
+    ({"type": "file", "file": {"file_id": "file-abc"}}, "file"),
+    ({"type": "file", "file": {"file_url": "http://10.0.0.1/a.pdf", "file_data": "JVBERi0="}}, "file"),
+])
+def test_every_media_part_that_would_be_fetched_is_rejected(part, param):
+    payload = body(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, part]}])
+    e = rejected(payload)
+    assert e.param == f"messages[0].content[1].{param}"
+    assert "offline" in e.message
+    check(payload, Contract(image_urls="allow"))  # allowed when the cluster may fetch
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": " DATA:image/png;base64,iVBORw0KGgo="}},
+    {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"}},
+])
+def test_inline_media_passes(part):
+    check(body(messages=[{"role": "user", "content": [part, {"type": "text", "text": "see"}]}]))
+
+
 def test_more_images_than_allowed_are_rejected():
     check(images(9))
     e = rejected(images(10))
@@ -127,6 +157,28 @@ def test_a_stream_asks_for_usage_without_re_serialising():
     assert call.stream and call.strip_usage
     assert call.body.endswith(raw[2:])  # the caller's bytes, only the option put in front
     assert json.loads(call.body) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize("options", [None, {"include_usage": False}, {"include_usage": "false"},
+                                     {"continuous_usage_stats": True}])
+def test_a_stream_gets_usage_whatever_its_stream_options_hold(options):
+    """vLLM reads what the proxy wrote: usage asked for, once, at the end; the caller's usage removed again."""
+    call = check(body(stream=True, stream_options=options))
+    sent = json.loads(call.body)
+    assert sent["stream_options"]["include_usage"] is True
+    assert sent["stream_options"]["continuous_usage_stats"] is False
+    assert call.stream and call.strip_usage
+
+
+@pytest.mark.parametrize("stream", ["true", 1, "on"])
+def test_a_stream_asked_for_as_vllm_reads_it_is_a_stream(stream):
+    call = check(body(stream=True, stream_options="not an object"))  # vLLM's 400: left for vLLM to say
+    assert json.loads(call.body)["stream_options"] == "not an object"
+    call = check(body(stream=stream))
+    assert call.stream and call.strip_usage
+    assert json.loads(call.body)["stream_options"]["include_usage"] is True
+    call = check(body(stream=stream, stream_options={"include_usage": "yes"}))
+    assert call.stream and not call.strip_usage  # asked for, as vLLM reads it: passed on to the caller
 
 
 def test_a_stream_that_asks_for_usage_keeps_it():

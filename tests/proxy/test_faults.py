@@ -145,3 +145,26 @@ async def test_kill_one_of_eight_under_load(start_sim, start_proxy):
     assert len(failed) <= 4  # at most the card's 4 slots
     lines = await loop.run_in_executor(None, lambda: proxy.results(count=len(sent), timeout=10))
     assert sorted(line["request_id"] for line in lines) == sorted(s[0] for s in sent)
+
+
+def test_answers_of_500_and_more_are_counted_per_backend_and_model(start_sim, start_proxy):
+    """A card that answers some requests with a 500 but stays healthy (what a canary's soak must see): its errors
+    are counted under its name and model, in /metrics and /__lb_status; a 4xx, and the proxy's own 503, are not."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sick, well = start_sims(start_sim, 2, *FAST)
+    proxy = start_proxy([sick.url, well.url], healthy=2)
+    set_fault(sick, kind="error", status=500)
+    statuses = [proxy.chat(body()).status_code for _ in range(16)]
+    assert statuses.count(500) >= 1 and set(statuses) <= {200, 500}, statuses
+    clear_faults(sick)
+    assert proxy.chat(body(max_tokens=-1)).status_code == 400  # the caller's mistake, not the card's
+    assert proxy.chat(body(model="gpt-4o")).status_code == 404
+    status = {b["url"]: b for b in proxy.lb_status()["backends"]}
+    assert status[sick.url]["errors"] == statuses.count(500) and status[well.url]["errors"] == 0
+    assert status[sick.url]["healthy"]  # answering 500 does not eject it: only the count tells
+    metrics = requests.get(proxy.url + "/metrics", timeout=5).text
+    counted = {(s.labels["backend"], s.labels["model"]): s.value
+               for family in text_string_to_metric_families(metrics) if family.name == "dcu_proxy_backend_errors"
+               for s in family.samples if s.name.endswith("_total")}
+    assert counted == {(name(sick), body()["model"]): statuses.count(500)}

@@ -71,6 +71,25 @@ async def test_usage_is_logged_and_stripped_unless_asked_for(start_sim, start_pr
         assert line["ttft_ms"] is not None and line["ttft_ms"] <= line["latency_ms"]
 
 
+async def test_every_stream_is_accounted_whatever_it_asks(start_sim, start_proxy):
+    """Usage reaches the results log however the caller words its stream (stream_options null, include_usage
+    false, continuous stats without usage, "stream": "true"), and the caller still gets what it asked for: no
+    usage event."""
+    sim = start_sim(*slow(itl_ms=2, tokens=10))
+    proxy = start_proxy([sim.url])
+    asks = [{"stream": True, "stream_options": None}, {"stream": True, "stream_options": {"include_usage": False}},
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}}, {"stream": "true"}]
+    for i, ask in enumerate(asks):
+        events = [e for _, e in await timed_events(proxy.url, body(user=f"ask-{i}", **ask))]
+        assert events[-1] == "[DONE]" and len(events) > 3
+        assert not any(isinstance(e, dict) and e.get("usage") for e in events), ask
+    lines = {line["orid"]: line for line in proxy.results(count=len(asks))}
+    for i, ask in enumerate(asks):
+        line = lines[f"ask-{i}"]
+        assert line["stream"] is True and line["status"] == 200, ask
+        assert line["completion_tokens"] and line["prompt_tokens"], (ask, line)
+
+
 def test_a_caller_that_leaves_after_done_is_logged_as_answered(start_proxy):
     """The OpenAI SDK closes its connection once it reads `data: [DONE]`; a card may end its chunked stream a
     moment later. The caller had the whole answer: the results line says 200, not 499."""

@@ -318,6 +318,25 @@ def units(host: Host) -> list:
     return findings
 
 
+# The data layer's units (roles/dcu_milvus, roles/dcu_mineru), in the order they depend on one another, with
+# what stops when each is down.
+DATA_UNITS = (("dcu-etcd", "Milvus' metadata store: Milvus cannot serve without it"),
+              ("dcu-milvus", "the vector store: the RAG chain cannot store or search"),
+              ("dcu-mineru", "document parsing: no PDF can be parsed"))
+
+
+def data_services(host: Host) -> list:
+    installed = [(unit, role) for unit, role in DATA_UNITS
+                 if os.path.exists(host.path("etc", "systemd", "system", unit + ".service"))]
+    if not installed:
+        return [Finding("data", OK, "no data service on this host (dcu_milvus and dcu_mineru install them)")]
+    states = host.unit_states([unit for unit, _ in installed])
+    findings = [Finding("data", FAIL, f"{unit} is {states.get(unit, 'unknown')} ({role})",
+                        f"journalctl -u {unit} -n 100 says why; then systemctl start {unit}")
+                for unit, role in installed if states.get(unit) != "active"]
+    return findings or [Finding("data", OK, ", ".join(unit for unit, _ in installed) + " active")]
+
+
 def _listen_address(listen: str | None) -> tuple | None:
     """('127.0.0.1', 8000) for '0.0.0.0:8000': where a local client reaches a listener (the collection's own
     reading of HOST:PORT, dcu_serving/addresses.py); None when there is none."""
@@ -618,6 +637,7 @@ CHECKS = [
     ("units", units),
     ("ports", ports),
     ("proxy", proxy),
+    ("data", data_services),
     ("disk", disk),
     ("shm", shm),
 ]

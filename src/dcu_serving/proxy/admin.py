@@ -32,7 +32,7 @@ class AdminAPI:
     async def handle_backends(self, request: web.BaseRequest) -> web.Response:
         if not self._authorised(request):
             return _unauthorised(request)
-        return web.json_response({"backends": [b.status() for b in self._proxy.balancer.backends]},
+        return web.json_response({"backends": [self._proxy.status.backend(b) for b in self._proxy.balancer.backends]},
                                  headers=own_headers(request))
 
     async def handle_drain(self, request: web.BaseRequest) -> web.Response:
@@ -53,7 +53,7 @@ class AdminAPI:
             known = ", ".join(b.url for b in balancer.backends)
             return error_response(ProxyError(404, f"No backend {ref!r}; known backends: {known}.", "backend"), rid)
         balancer.set_draining(backend, request.path.endswith("/drain"))
-        return web.json_response(backend.status(), headers=own_headers(request))
+        return web.json_response(self._proxy.status.backend(backend), headers=own_headers(request))
 
     def _authorised(self, request: web.BaseRequest) -> bool:
         token = self._proxy.settings.admin_token

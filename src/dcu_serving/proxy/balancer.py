@@ -3,10 +3,11 @@
 Backends are grouped into pools by the models they serve (`Group`; the default layout is one pool of every
 card). A request takes a slot from its model's pool before it is sent (`take`, or `wait` in that pool's queue
 when none is free) and gives it back (`release`) in a `finally`, so a count can neither leak nor go negative,
-cancellation included. When every slot of a pool is busy the request waits here, in the pool's FIFO, and the
-first slot freed on any of the pool's backends goes to its first waiter: a request queued inside one vLLM
-could not move to a card that frees up sooner, one queued here can. Pools do not share queues, so a full or
-failed pool holds up no other model.
+cancellation included. When every slot of a pool is busy the request waits here, in the pool's queue, and the
+first slot freed on any of the pool's backends goes to the waiter the pool's order picks (queueing.py: the
+cheapest expected work first within an aging bound, or FIFO): a request queued inside one vLLM could not move
+to a card that frees up sooner, one queued here can. Pools do not share queues, so a full or failed pool holds
+up no other model.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from collections import deque
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from . import queueing
 from .config import BackendSpec
 from .errors import ProxyError
+from .queueing import Speed, Waiter
 from .upstream import DeadlineExceeded, Pool, UpstreamError
 
 log = logging.getLogger("dcu_proxy")
@@ -65,13 +68,17 @@ def no_backend(retry_after: int, why: str = "no healthy backend") -> ProxyError:
 
 
 class Group:
-    """The backends that serve one list of models (a pool): least-active routing among them and their own FIFO
-    queue, so a pool that is full or down holds up no other model's requests."""
+    """The backends that serve one list of models (a pool): least-active routing among them and their own queue,
+    so a pool that is full or down holds up no other model's requests.
 
-    __slots__ = ("_routable", "_waiters", "backends", "kind", "loop", "max_model_len", "models", "queue_size",
-                 "retry_after", "shared")
+    `by_cost`: the queue hands a freed slot to the cheapest expected work within the aging bound (`aging`), else
+    to the first waiter (queueing.py). `speed` is what the pool's answers showed of its model."""
 
-    def __init__(self, models: tuple, kind: str, queue_size: int, retry_after: int, shared: bool):
+    __slots__ = ("_routable", "_waiters", "aging", "backends", "by_cost", "kind", "loop", "max_model_len", "models",
+                 "queue_size", "retry_after", "shared", "speed")
+
+    def __init__(self, models: tuple, kind: str, queue_size: int, retry_after: int, shared: bool,
+                 by_cost: bool = False, aging: float = 4.0):
         self.loop = asyncio.get_running_loop()
         self.models = models
         self.kind = kind
@@ -79,9 +86,12 @@ class Group:
         self.queue_size = queue_size
         self.retry_after = retry_after
         self.shared = shared  # the only pool: messages need not name its models
+        self.by_cost = by_cost
+        self.aging = aging
+        self.speed = Speed()
         self.backends: list[Backend] = []
         self._routable: list[Backend] = []
-        self._waiters: deque = deque()
+        self._waiters: deque[Waiter] = deque()
 
     @property
     def queued(self) -> int:
@@ -125,34 +135,51 @@ class Group:
                 return b
         return None
 
-    async def wait(self, deadline: float, front: bool = False) -> Backend:
+    def admits(self):
+        """Raise the 503 a request would get from `take` or `wait` now (no routable backend; every slot busy and
+        the queue full), before its body is read."""
+        if not self._routable:
+            raise self._unavailable("no healthy backend")
+        if len(self._waiters) >= self.queue_size and self._pick() is None:
+            raise self._full()
+
+    def _full(self) -> ProxyError:
+        whose = "" if self.shared else f" of {', '.join(f'`{m}`' for m in self.models)}"
+        return ProxyError(503, f"Service busy: all slots{whose} are in use and the proxy's queue is full "
+                               f"({self.queue_size} waiting). Retry after a moment.",
+                          headers={"Retry-After": str(self.retry_after)})
+
+    async def wait(self, deadline: float, front: bool = False,
+                   estimate: queueing.Estimate | None = None) -> Backend:
         """Queue for the pool's next free slot (after `take` found none) until `deadline` (loop time).
 
-        `front` puts a retried request ahead of the queue, even a full one. Raises ProxyError 503 (queue
+        `front` puts a retried request ahead of the queue, even a full one. `estimate`: what the request says
+        of its cost, which orders a pool queued by cost (None: as cheap as any). Raises ProxyError 503 (queue
         full, or no routable backend left) or DeadlineExceeded.
         """
-        if len(self._waiters) >= self.queue_size and not front:
-            whose = "" if self.shared else f" of {', '.join(f'`{m}`' for m in self.models)}"
-            raise ProxyError(503, f"Service busy: all slots{whose} are in use and the proxy's queue is full "
-                                  f"({self.queue_size} waiting). Retry after a moment.",
-                             headers={"Retry-After": str(self.retry_after)})
-        waiter = self.loop.create_future()
-        if front:
-            self._waiters.appendleft(waiter)
+        waiters = self._waiters
+        if len(waiters) >= self.queue_size and not front:
+            raise self._full()
+        future = self.loop.create_future()
+        if front:  # it waited its turn already: overtaken by no one
+            waiter = Waiter(future, -1.0, 0)
+            waiters.appendleft(waiter)
         else:
-            self._waiters.append(waiter)
-        timer = self.loop.call_at(deadline, _expire, waiter)
+            cost = self.speed.seconds(estimate) if estimate is not None else 0.0
+            waiter = Waiter(future, cost, queueing.slack(self.aging, len(waiters)), estimate)
+            waiters.append(waiter)
+        timer = self.loop.call_at(deadline, _expire, future)
         try:
-            return await waiter
+            return await future
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release(waiter.result(), served=False)  # handed a slot just as the caller went away
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), served=False)  # handed a slot just as the caller went away
             raise
         finally:
             timer.cancel()
-            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+            if not future.done() or future.cancelled() or future.exception() is not None:
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                    waiters.remove(waiter)
 
     def release(self, backend: Backend, served: bool = True):
         """Give back a slot taken from this pool (or from the pool the backend was in before a reload)."""
@@ -170,11 +197,20 @@ class Group:
             b = self._pick()
             if b is None:
                 return
-            waiter = waiters.popleft()
-            if waiter.done():
-                continue
+            if self.by_cost:
+                i = queueing.pick(waiters)
+                future = waiters[i].future
+                if future.done():  # gone (deadline, caller) and not yet out of the queue
+                    del waiters[i]
+                    continue
+                queueing.overtake(waiters, i)
+                del waiters[i]
+            else:
+                future = waiters.popleft().future
+                if future.done():
+                    continue
             b.active += 1
-            waiter.set_result(b)
+            future.set_result(b)
 
     def _refresh(self):
         self._routable = [b for b in self.backends if b.healthy and not b.draining]
@@ -187,14 +223,23 @@ class Group:
 
     def _fail_waiters(self, error: ProxyError):
         while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
+            future = self._waiters.popleft().future
+            if not future.done():
+                future.set_exception(error)
+
+    def queued_by_cost(self) -> dict[str, int]:
+        """Waiting requests per cost class (queueing.COST_CLASSES), a retried one in the cheapest."""
+        counts = dict.fromkeys([name for _, name in queueing.COST_CLASSES], 0)
+        for w in self._waiters:
+            counts[queueing.cost_class(w.cost)] += 1
+        return counts
 
     def status(self) -> dict:
         return {"kind": self.kind, "healthy": sum(1 for b in self.backends if b.healthy),
                 "total": len(self.backends), "active": sum(b.active for b in self.backends),
-                "queue": len(self._waiters), "backends": [b.url for b in self.backends]}
+                "queue": len(self._waiters), "queue_by_cost": self.queued_by_cost(),
+                "queue_policy": "cost" if self.by_cost else "fifo", "speed": self.speed.status(),
+                "backends": [b.url for b in self.backends]}
 
 
 def _spec(item) -> BackendSpec:
@@ -208,7 +253,8 @@ class Balancer:
     `by_model` maps each served model name to its pool; a request takes a slot from its model's pool.
     """
 
-    def __init__(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int = 1):
+    def __init__(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int = 1,
+                 queue_policy: str = "fifo", queue_aging: float = 4.0):
         self.loop = asyncio.get_running_loop()
         self.backends: list[Backend] = []
         self.groups: list[Group] = []
@@ -216,7 +262,7 @@ class Balancer:
         self.queue_size = queue_size
         self.retry_after = retry_after
         self.on_change = None  # called with (backend) when health or drain state changes
-        self.update(specs, cap, queue_size, connect_timeout, retry_after)
+        self.update(specs, cap, queue_size, connect_timeout, retry_after, queue_policy, queue_aging)
 
     # -- routing (the pools do it; these serve the single-pool case and the totals) --
 
@@ -313,7 +359,8 @@ class Balancer:
 
     # -- reload --
 
-    def update(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int) -> list[Backend]:
+    def update(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int,
+               queue_policy: str = "fifo", queue_aging: float = 4.0) -> list[Backend]:
         """Apply a (re)loaded backend list and settings; in-flight requests keep their backend.
 
         `specs` are BackendSpecs (or bare URLs). A pool whose models are unchanged stays the same object, its
@@ -341,6 +388,7 @@ class Balancer:
                 group.max_model_len = None
                 new_groups[spec.models] = group
             group.kind, group.queue_size, group.retry_after, group.shared = spec.kind, queue_size, retry_after, shared
+            group.by_cost, group.aging = queue_policy == "cost", queue_aging
             if spec.max_model_len is not None:
                 group.max_model_len = spec.max_model_len
             group.backends.append(b)

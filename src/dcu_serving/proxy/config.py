@@ -49,6 +49,13 @@ def _seconds(low: float = 0.0) -> Callable[[str, Any], float]:
     return check
 
 
+def _aging(key, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        raise ConfigError(key, f"must be a number >= 1 (how many times its FIFO wait a request may wait at most; "
+                               f"1 is FIFO), got {value!r}")
+    return float(value)
+
+
 def _choice(*choices: str) -> Callable[[str, Any], str]:
     def check(key, value):
         if value not in choices:
@@ -202,7 +209,7 @@ CONTRACT_MODES = {
     "max_images": (9, 0),
 }
 
-KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription", "speech")
 
 # One entry of `backends` in the form where each backend names its models (a host carved into model services).
 BACKEND_SCHEMA: dict[str, Any] = {
@@ -218,12 +225,18 @@ SCHEMA: dict[str, Any] = {
     "listen": ("0.0.0.0:8000", _listen),
     "backends": (REQUIRED, _backends),
     "models": (None, _optional(_list_of(_text, "served model names"))),
+    "kind": (None, _optional(_choice(*KINDS))),
     "max_model_len": (None, _optional(_int(1))),
     "backend_concurrency": (4, _int(1, 1024)),
     "queue_size": (1000, _int(0, 100_000)),
+    "queue_policy": ("cost", _choice("cost", "fifo")),
+    "queue_aging": (4.0, _aging),
     "request_timeout": (300.0, _seconds()),
     "connect_timeout": (3.0, _seconds()),
     "max_body_bytes": (64 * 1024 * 1024, _int(1024)),
+    "body_budget": (128 * 1024 * 1024, _int(1 << 20)),
+    "idle_timeout": (60.0, _seconds()),
+    "write_timeout": (30.0, _seconds()),
     "retry_after": (1, _int(1, 3600)),
     "shutdown_grace": (30.0, _seconds()),
     "results_log": (None, _optional(_path)),
@@ -282,14 +295,19 @@ class Contract:
 class Config:
     backends: tuple  # the backend URLs, in order
     models: tuple  # every served model name, in order
-    specs: tuple = ()  # BackendSpec per backend URL (the plain form: every backend serves every model, as chat)
+    specs: tuple = ()  # BackendSpec per backend URL (the plain form: every backend serves every model, of `kind`)
     listen: str = "0.0.0.0:8000"
     max_model_len: int | None = None
     backend_concurrency: int = 4
     queue_size: int = 1000
+    queue_policy: str = "cost"
+    queue_aging: float = 4.0
     request_timeout: float = 300.0
     connect_timeout: float = 3.0
     max_body_bytes: int = 64 * 1024 * 1024
+    body_budget: int = 128 * 1024 * 1024  # bytes of request bodies held in memory at once
+    idle_timeout: float = 60.0  # a client connection without a request in progress (headers unfinished too)
+    write_timeout: float = 30.0  # a write to a client that stopped reading
     retry_after: int = 1
     shutdown_grace: float = 30.0
     results_log: str | None = None
@@ -373,18 +391,23 @@ def build(data: Any, source: str | None = None) -> Config:
             raise ConfigError("models", "is required: the served model names (vLLM's --served-model-name), "
                                         "which every backend serves; or give each backend its own: backends: "
                                         "[{url: ..., models: [...], kind: ...}]")
-        specs = tuple(BackendSpec(url, tuple(v["models"])) for url in backends)
+        specs = tuple(BackendSpec(url, tuple(v["models"]), v["kind"] or "chat") for url in backends)
     else:
         if v["models"] is not None:
             raise ConfigError("models", "must not be set when each backend names its models (backends[].models): "
                                         "remove the top-level `models`")
+        if v["kind"] is not None:
+            raise ConfigError("kind", "must not be set when each backend names its kind (backends[].kind): "
+                                      "remove the top-level `kind`")
         specs = tuple(backends)
     models = tuple(dict.fromkeys(model for spec in specs for model in spec.models))
     return Config(
         listen=v["listen"], backends=tuple(spec.url for spec in specs), models=models, specs=specs,
         max_model_len=v["max_model_len"], backend_concurrency=v["backend_concurrency"],
-        queue_size=v["queue_size"], request_timeout=v["request_timeout"],
-        connect_timeout=v["connect_timeout"], max_body_bytes=v["max_body_bytes"],
+        queue_size=v["queue_size"], queue_policy=v["queue_policy"], queue_aging=v["queue_aging"],
+        request_timeout=v["request_timeout"],
+        connect_timeout=v["connect_timeout"], max_body_bytes=v["max_body_bytes"], body_budget=v["body_budget"],
+        idle_timeout=v["idle_timeout"], write_timeout=v["write_timeout"],
         retry_after=v["retry_after"], shutdown_grace=v["shutdown_grace"], results_log=v["results_log"],
         log_level=v["log_level"], health_path=v["health"]["path"], health_interval=v["health"]["interval"],
         health_timeout=v["health"]["timeout"], contract=Contract(**rules),

@@ -94,20 +94,25 @@ def check(body: bytes, payload: dict, rules: Contract, exact: bool = False) -> C
 
     messages = payload.get("messages")
     if isinstance(messages, list) and (rules.image_urls == "reject" or rules.max_images):
-        _check_images(messages, rules)
+        _check_media(messages, rules)
 
-    stream = payload.get("stream") is True
+    stream = payload.get("stream")
+    stream = stream is True or (stream is not None and stream is not False and lax_bool(stream))
     strip_usage = False
     if stream:
         options = payload.get("stream_options")
-        if options is None or (isinstance(options, dict) and options.get("include_usage") is not True):
-            # vLLM reports usage on a stream only when asked; ask, and strip it again for the caller.
+        asked = isinstance(options, dict) and lax_bool(options.get("include_usage"))
+        if not asked and (options is None or isinstance(options, dict)):  # anything else is vLLM's 400
+            # vLLM reports usage on a stream only when asked; ask, and strip it again for the caller. Whatever the
+            # caller sent (nothing, null, false, continuous stats), vLLM reads what is written here.
             strip_usage = True
-            spliced = _splice_usage_option(body) if options is None and not changed else None
+            spliced = _splice_usage_option(body) if "stream_options" not in payload and not changed else None
             if spliced is not None:
                 body = spliced
             else:
-                payload["stream_options"] = {**(options or {}), "include_usage": True}
+                kept = options if isinstance(options, dict) else {}
+                # continuous_usage_stats without include_usage sends nothing; with it, usage on every chunk
+                payload["stream_options"] = {**kept, "include_usage": True, "continuous_usage_stats": False}
                 changed = True
     if changed:
         if not exact:
@@ -124,25 +129,70 @@ def _splice_usage_option(body: bytes) -> bytes | None:
     return body[:start + 1] + _USAGE_OPTION + body[start + 1:]
 
 
-def _check_images(messages: list, rules: Contract):
+# pydantic's lax booleans, as vLLM reads `stream` and `include_usage`: anything else is vLLM's 400.
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+# Parts that name media by URL, as vLLM reads them: {"image_url": {"url": ...}} or {"image_url": "..."}
+# (also the Responses API's input_image), audio_url, video_url.
+_MEDIA_URLS = ("image_url", "video_url", "audio_url")
+# What urllib (and so vLLM's media fetcher) strips from a URL before reading its scheme.
+_URL_STRIP = "".join(chr(c) for c in range(33))
+_URL_DROP = str.maketrans("", "", "\t\r\n")
+
+
+def lax_bool(value) -> bool:
+    """True where vLLM (pydantic, lax mode) reads `value` as true."""
+    if value is True or value is False or value is None:
+        return value is True
+    if isinstance(value, (int, float)):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in _TRUE
+
+
+def inline(url: str) -> bool:
+    """Whether a media URL is inline data once normalised as vLLM's fetcher reads it (a leading space, a tab
+    inside, an upper-case scheme): only `data:` URLs are; http(s), file, ftp and the rest would be fetched."""
+    return url.translate(_URL_DROP).lstrip(_URL_STRIP)[:5].lower() == "data:"
+
+
+def _check_media(messages: list, rules: Contract):
+    """Every media part of every message: only inline data while the cluster is offline (image_urls: reject),
+    and at most max_images images."""
     count = 0
+    reject = rules.image_urls == "reject"
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or "image_url" not in part:
+            if not isinstance(part, dict):
                 continue
-            count += 1
-            if rules.image_urls == "reject":
-                image = part["image_url"]
-                url = image.get("url") if isinstance(image, dict) else image
-                if isinstance(url, str) and url[:8].lower().startswith(("http://", "https://")):
-                    shown = url if len(url) <= 80 else url[:77] + "..."
-                    raise ProxyError(
-                        400, f"messages[{i}].content[{j}]: the image URL {shown} cannot be fetched, the serving "
-                             f"cluster is offline. Send the image inline as a data URI "
-                             f"(data:image/jpeg;base64,...).", f"messages[{i}].content[{j}].image_url")
+            if "image_url" in part:
+                count += 1
+            if reject:
+                _check_part(part, f"messages[{i}].content[{j}]")
     if rules.max_images and count > rules.max_images:
         raise ProxyError(400, f"The request carries {count} images; at most {rules.max_images} are allowed per "
                               f"request. Send fewer images or split them over several requests.", "messages")
+
+
+def _check_part(part: dict, where: str):
+    for key in _MEDIA_URLS:
+        media = part.get(key)
+        if media is None:
+            continue
+        url = media.get("url") if isinstance(media, dict) else media
+        if isinstance(url, str) and not inline(url):
+            shown = url.strip()
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            kind = key.split("_")[0]
+            raise ProxyError(400, f"{where}: the {kind} URL {shown!r} cannot be fetched, the serving cluster is "
+                                  f"offline. Send the {kind} inline as a data URI (data:{_MIME[kind]};base64,...).",
+                             f"{where}.{key}")
+    file = part.get("file")
+    if isinstance(file, dict) and any(k != "filename" and k != "file_data" for k in file):
+        raise ProxyError(400, f"{where}: a file part may only carry its data inline (file_data), the serving "
+                              f"cluster is offline and has no uploaded files: send file_data with the file's "
+                              f"content.", f"{where}.file")
+
+
+_MIME = {"image": "image/jpeg", "video": "video/mp4", "audio": "audio/wav"}

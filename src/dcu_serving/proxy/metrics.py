@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from .queueing import COST_CLASSES, cost_class
+
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60, 300)
 
@@ -35,38 +37,57 @@ class Histogram:
         self.sum += value
 
     def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.doc, labels=[])
+        self.add_to(family, [])
+        return family
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]):
         buckets, cumulative = [], 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             cumulative += count
             buckets.append((floatToGoString(bound), cumulative))
-        return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)
+        family.add_metric(labels, buckets, self.sum)
 
 
 class Metrics:
     def __init__(self, proxy):
         self._proxy = proxy
         self.by_status: dict[tuple, int] = {}  # (api, model, status) -> requests
+        self.backend_errors: dict[tuple, int] = {}  # (backend host:port, model) -> answers with status >= 500
         self.retries = 0
         self.latency = Histogram("dcu_proxy_request_duration_seconds",
                                  "End-to-end latency seen by the caller, queue time included", LATENCY_BUCKETS)
         self.ttft = Histogram("dcu_proxy_time_to_first_token_seconds",
                               "Time to the first streamed chunk, queue time included", TTFT_BUCKETS)
         self.queue_wait = Histogram("dcu_proxy_queue_wait_seconds", "Time spent waiting for a slot", TTFT_BUCKETS)
+        # The requests that waited in a pool queued by cost, by their expected cost (queueing.COST_CLASSES).
+        self.queue_wait_by_cost = {name: Histogram("", "", LATENCY_BUCKETS) for _, name in COST_CLASSES}
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
     def observe(self, api: str, model: str | None, status: int, latency: float, ttft: float | None,
-                queue_wait: float | None):
+                queue_wait: float | None, backend: str | None):
         if status != 200 and model is not None and model not in self._proxy.balancer.by_model:
             model = None  # a name no backend serves: not a label value (callers could make up any number)
         key = (api, model, status)
         by_status = self.by_status
         by_status[key] = by_status.get(key, 0) + 1
+        if status >= 500 and backend is not None:  # an answer a card gave, or failed to give
+            errors = self.backend_errors
+            errors[backend, model] = errors.get((backend, model), 0) + 1
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)
         if queue_wait is not None:
             self.queue_wait.observe(queue_wait)
+
+    def errors_of(self, backend: str) -> int:
+        """Answers with status >= 500 from one backend (host:port), every model."""
+        return sum(count for (name, _), count in self.backend_errors.items() if name == backend)
+
+    def queued(self, cost: float, wait: float):
+        """A request that waited in a pool queued by cost got its slot after `wait` seconds."""
+        self.queue_wait_by_cost[cost_class(cost)].observe(wait)
 
     def collect(self):
         requests = CounterMetricFamily("dcu_proxy_requests", "API requests answered, by API, model and HTTP status "
@@ -79,9 +100,26 @@ class Metrics:
         yield self.latency.family()
         yield self.ttft.family()
         yield self.queue_wait.family()
+        by_cost = HistogramMetricFamily("dcu_proxy_queue_wait_by_cost_seconds", "Time waiting for a slot in a pool "
+                                        "queued by cost, by the request's expected seconds on a card",
+                                        labels=["cost"])
+        for name, histogram in self.queue_wait_by_cost.items():
+            histogram.add_to(by_cost, [name])
+        yield by_cost
         yield CounterMetricFamily("dcu_proxy_retries", "Requests retried on another backend after a connect "
                                   "failure", value=self.retries)
+        errors = CounterMetricFamily("dcu_proxy_backend_errors", "Answers with status >= 500 from a backend, by "
+                                     "backend and model: its own 5xx passed on, a connection that broke before the "
+                                     "answer was whole (502), the deadline passed at the card (504)",
+                                     labels=["backend", "model"])
+        for (backend, model), count in sorted(self.backend_errors.items(), key=lambda i: (i[0][0], i[0][1] or "")):
+            errors.add_metric([backend, model or ""], count)
+        yield errors
 
+        relay = self._proxy.relay
+        yield GaugeMetricFamily("dcu_proxy_body_bytes_held", "Bytes of request bodies the proxy holds now, "
+                                "against body_budget (bodies that did not come with their request's head)",
+                                value=relay.bodies if relay else 0)
         balancer = self._proxy.balancer
         queue = GaugeMetricFamily("dcu_proxy_queue_depth", "Requests waiting in the proxy's queue for a slot")
         queue.add_metric([], balancer.queued if balancer else 0)
@@ -114,11 +152,17 @@ class Metrics:
             "queue": GaugeMetricFamily("dcu_proxy_model_queue_depth", "Requests waiting for a slot, per served model "
                                        "(a pool serving several names counts its queue under each)",
                                        labels=["model", "kind"]),
+            "by_cost": GaugeMetricFamily("dcu_proxy_model_queue_depth_by_cost", "Requests waiting for a slot, per "
+                                         "served model and expected seconds on a card (FIFO pools: all in 0-1s)",
+                                         labels=["model", "kind", "cost"]),
         }
         for g in balancer.groups if balancer else ():
             healthy = sum(1 for b in g.backends if b.healthy and not b.draining)
+            by_cost = g.queued_by_cost()
             for model in g.models:
                 pools["healthy"].add_metric([model, g.kind], healthy)
                 pools["total"].add_metric([model, g.kind], len(g.backends))
                 pools["queue"].add_metric([model, g.kind], g.queued)
+                for name, count in by_cost.items():
+                    pools["by_cost"].add_metric([model, g.kind, name], count)
         yield from pools.values()

@@ -45,6 +45,7 @@ class Proxy:
         self.status = StatusEndpoints(self, started=time.time())
         self.admin = AdminAPI(self)
         self._health_task = None
+        self._writes_task = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._checks: set = set()  # health checks of backends added by a reload
         self._callers: dict = {}  # peer address -> may it call the API (gateway.allow), cleared on reload
@@ -62,10 +63,11 @@ class Proxy:
             except OSError as e:
                 raise ConfigError("results_log", f"cannot open {s.results_log}: {e.strerror}") from e
         self.balancer = Balancer(s.specs, s.backend_concurrency, s.queue_size, s.connect_timeout,
-                                 s.retry_after)
+                                 s.retry_after, s.queue_policy, s.queue_aging)
         self.relay = Relay(s, self.balancer, self.metrics, results, self.loop)
         await self.balancer.check_all(s.health_path, s.health_timeout)
         self._health_task = asyncio.ensure_future(self._health_loop())
+        self._writes_task = asyncio.ensure_future(self.relay.watch_writes())
         log.info("backends: %d/%d healthy", self.balancer.healthy_count, len(self.balancer.backends))
         if len(self.balancer.groups) > 1:
             for g in self.balancer.groups:
@@ -86,10 +88,11 @@ class Proxy:
                 log.exception("health check round failed")
 
     async def close(self):
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+        for task in (self._health_task, self._writes_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.balancer is not None:
             self.balancer.close()
         if self.relay is not None and self.relay.results is not None:
@@ -108,7 +111,7 @@ class Proxy:
             log.error("reload failed, keeping the running configuration: %s", e)
             return
         old = self.settings
-        for key in ("listen", "admin_listen", "admin_token", "shutdown_grace"):
+        for key in ("listen", "admin_listen", "admin_token", "shutdown_grace", "idle_timeout"):
             if getattr(new, key) != getattr(old, key):
                 log.warning("reload: %s changed; it takes effect only after a restart", key.replace("_", "."))
         if new.results_log != old.results_log:
@@ -126,7 +129,7 @@ class Proxy:
         self.settings = new
         self._callers, self._unproven = {}, {}
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
-                                     new.connect_timeout, new.retry_after)
+                                     new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging)
         relay.configure(new)  # routing follows the balancer's new pools
         for b in added:
             task = asyncio.ensure_future(self.balancer.check(b, new.health_path, new.health_timeout))
@@ -200,7 +203,11 @@ class Proxy:
             # Bodies are limited by the relay (max_body_bytes can change on reload); this is only a backstop.
             return web.BaseRequest(message, payload, protocol, writer, task, self.loop, client_max_size=1 << 40)
 
-        return web.Server(dispatch, request_factory=request_factory, handler_cancellation=True, access_log=None)
+        # keepalive_timeout counts from the connection's start or its last answer, and closes it if no request has
+        # arrived whole by then: the idle keep-alive and the deadline for a request's headers in one (nginx: 75
+        # and 60 s). aiohttp's default is an hour.
+        return web.Server(dispatch, request_factory=request_factory, handler_cancellation=True, access_log=None,
+                          keepalive_timeout=self.settings.idle_timeout)
 
 
 def _readable(handlers: dict) -> dict:

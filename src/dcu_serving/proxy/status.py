@@ -45,14 +45,19 @@ class StatusEndpoints:
         return web.json_response({"object": "list", "data": cards}, headers=own_headers(request))
 
     async def handle_lb_status(self, request: web.BaseRequest) -> web.Response:
-        """The totals callers read (healthy, total, queue), every backend, and the same per served model."""
+        """The totals callers read (healthy, total, queue), every backend (with its answers >= 500 since the start:
+        `errors`), and the same per served model."""
         balancer = self._proxy.balancer
         backends = balancer.backends
         return web.json_response(
             {"healthy": sum(1 for b in backends if b.healthy), "total": len(backends),
-             "queue": balancer.queued, "backends": [b.status() for b in backends],
+             "queue": balancer.queued, "backends": [self.backend(b) for b in backends],
              "models": {model: g.status() for g in balancer.groups for model in g.models}},
             headers=own_headers(request))
+
+    def backend(self, b) -> dict:
+        """A backend's entry: what the balancer knows, and its answers with status >= 500 since the start."""
+        return {**b.status(), "errors": self._proxy.metrics.errors_of(b.name)}
 
     async def handle_metrics(self, request: web.BaseRequest) -> web.Response:
         headers = own_headers(request)
