@@ -9,7 +9,8 @@ from dcu_serving.gateway import paths
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/chat/completions", "/v1/embeddings", "/v1/rerank",
-                                  "/v2/rerank", "/v1/audio/transcriptions", "/v1/models", "/v1/completions/"])
+                                  "/v2/rerank", "/v1/audio/transcriptions", "/v1/audio/speech",
+                                  "/v1/models", "/v1/completions/"])
 def test_a_callers_key_reaches_the_inference_paths(path):
     assert paths.allowed(path, probe=False) and paths.allowed(path, probe=True)
 

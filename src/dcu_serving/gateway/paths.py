@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # The OpenAI-compatible paths dcu-proxy serves behind the gateway, with and without LiteLLM's /v1 prefix.
 INFERENCE = frozenset(prefix + path for prefix in ("", "/v1") for path in (
-    "/chat/completions", "/completions", "/embeddings", "/rerank", "/audio/transcriptions", "/models"))
+    "/chat/completions", "/completions", "/embeddings", "/rerank", "/audio/transcriptions", "/audio/speech",
+    "/models"))
 
 
 def allowed(path: str, probe: bool) -> bool:
@@ -19,4 +20,4 @@ def allowed(path: str, probe: bool) -> bool:
 
 def refusal(path: str) -> str:
     return (f"this key may call the inference paths only (chat, completions, embeddings, rerank, transcriptions, "
-            f"models), not {path}; health and the other paths take a probe key (ask the gateway's operators)")
+            f"speech, models), not {path}; health and the other paths take a probe key (ask the gateway's operators)")
