@@ -15,6 +15,8 @@ import os
 import re
 import signal
 import subprocess
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,8 +221,6 @@ def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
 
     # LiteLLM's health of each deployment: one small completion straight to the host, drained or not, carrying the
     # gateway's secret (verify.yml's gateway play). A probe key may ask; a caller's key may not (403).
-    import urllib.error
-    import urllib.request
     for name in hosts:
         url = f"{gateway.url}/health?model_id={name}/{SERVED_MODEL}"
         with pytest.raises(urllib.error.HTTPError) as refused:
