@@ -8,7 +8,7 @@ filter documented in plugins/filter/<name>.yml."""
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.module_utils import gateway_config as gc
-from ansible_collections.dcu.serving.plugins.plugin_utils import gateway
+from ansible_collections.dcu.serving.plugins.plugin_utils import gateway, topology
 
 
 def gateway_config(hosts, settings=None):
@@ -24,6 +24,8 @@ class FilterModule:
             "gateway_config": gateway_config,
             "gateway_caller_problems": gateway.caller_problems,
             "gateway_caller_keys": gateway.caller_keys,
+            "gateway_probe_key": gateway.probe_key,
+            "gateway_trust": topology.gateway_trust,
             "gateway_deployment_ids": gateway.deployment_ids,
             "gateway_probes": gateway.probe_results,
         }

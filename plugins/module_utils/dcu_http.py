@@ -51,9 +51,10 @@ def describe_error(exc):
     return str(reason)
 
 
-def request(url, method="GET", payload=None, timeout=5.0, data=None, content_type=None):
-    """GET, or POST a JSON `payload` (or raw `data` of `content_type`, e.g. a multipart form)."""
-    headers = {"Accept": "application/json"}
+def request(url, method="GET", payload=None, timeout=5.0, data=None, content_type=None, headers=None):
+    """GET, or POST a JSON `payload` (or raw `data` of `content_type`, e.g. a multipart form); `headers` more headers
+    (the gateway's secret of a host behind one)."""
+    headers = dict(headers or {}, Accept="application/json")
     if payload is not None:
         data = json.dumps(payload).encode("utf-8")
         headers["Content-Type"] = "application/json"

@@ -24,6 +24,10 @@ picks a host. Choices, each for a reason:
 import re
 
 CALLER_AUTH = "dcu_serving.gateway.auth.user_api_key_auth"
+# The secret the gateway proves itself with to every serving host's dcu-proxy (gateway.secret there): the deployments'
+# api_key, which LiteLLM reads from this variable of its environment (roles/dcu_gateway writes it from the vault) and
+# sends as `Authorization: Bearer` - on callers' requests and on its own health checks alike.
+PROXY_SECRET_ENV = "DCU_GATEWAY_PROXY_SECRET"
 CALLER_HOOK = "dcu_serving.gateway.hooks.caller_header"
 DEFAULTS = {"request_timeout": 900, "retries": 1, "allowed_fails": 3, "cooldown": 30}
 URL = re.compile(r"^https?://[^/\s]+$")
@@ -56,7 +60,8 @@ def deployments(hosts):
                 "litellm_params": {
                     "model": f"hosted_vllm/{model}",  # OpenAI-compatible, no provider-specific rewriting
                     "api_base": url + "/v1",
-                    "api_key": "none",  # dcu-proxy trusts the gateway by address (gateway.allow), not a key
+                    # dcu-proxy believes the gateway by its secret (and address), never by address alone
+                    "api_key": "os.environ/" + PROXY_SECRET_ENV,
                 },
                 "model_info": {"id": f"{host['name']}/{model}"},
             })

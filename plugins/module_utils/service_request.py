@@ -59,24 +59,25 @@ def answer_problem(api, body, raw=b""):
     return None
 
 
-def send_request(url, kind, model, orid, timeout):
-    """(api, HttpResult) of one real request of the service's kind to url (a proxy or one vLLM instance)."""
+def send_request(url, kind, model, orid, timeout, headers=None):
+    """(api, HttpResult) of one real request of the service's kind to url (a proxy or one vLLM instance); `headers`
+    more headers (the gateway's secret, for a proxy behind a gateway)."""
     base = url.rstrip("/")
     if kind == "embedding":
-        return "embeddings", request(base + "/v1/embeddings", method="POST", timeout=timeout,
+        return "embeddings", request(base + "/v1/embeddings", method="POST", timeout=timeout, headers=headers,
                                      payload={"model": model, "input": "dcu-serving verify", "user": orid})
     if kind == "rerank":
-        return "rerank", request(base + "/v1/rerank", method="POST", timeout=timeout, payload={
+        return "rerank", request(base + "/v1/rerank", method="POST", timeout=timeout, headers=headers, payload={
             "model": model, "query": "DCU card", "documents": ["a DCU card serves models", "bread"], "user": orid})
     if kind == "transcription":
         content_type, body = prepare_multipart({"model": model, "user": orid, "response_format": "json", "file": {
             "filename": "verify.wav", "content": _wav(), "mime_type": "audio/wav"}})
         return "transcriptions", request(base + "/v1/audio/transcriptions", method="POST", timeout=timeout,
-                                         data=body, content_type=content_type)
+                                         data=body, content_type=content_type, headers=headers)
     if kind == "speech":
-        return "speech", request(base + "/v1/audio/speech", method="POST", timeout=timeout, payload={
+        return "speech", request(base + "/v1/audio/speech", method="POST", timeout=timeout, headers=headers, payload={
             "model": model, "input": "dcu-serving verify.", "response_format": "wav", "user": orid})
-    return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout,
+    return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout, headers=headers,
                            payload=_chat(model, orid, image=kind != "chat"))
 
 

@@ -145,6 +145,12 @@ options:
     description: Order id (C(user)) of the functional request, to find it in the results log.
     type: str
     default: cluster-health
+  headers:
+    description:
+      - More headers of the functional request, never logged - a host behind a gateway answers the API only to a
+        call carrying the gateway's secret (dcu_proxy's export C(dcu_proxy_api_headers)).
+    type: dict
+    default: {}
   request_timeout:
     description: Seconds the functional request may take; more than 0.
     type: float
@@ -312,13 +318,13 @@ def describe_backend(entry, base_port, model, probe, instance=None, host=None):
     return info
 
 
-def functional_requests(module, url, services, orid, timeout, backends):
+def functional_requests(module, url, services, orid, timeout, backends, headers=None):
     """One request per (model, kind) in `services`; fails naming the first service that does not answer."""
     known = set(host_port(b["url"]) for b in backends)
     results = []
     for model, kind in services:
         started = time.monotonic()
-        api, res = send_request(url, kind, model, orid, timeout)
+        api, res = send_request(url, kind, model, orid, timeout, headers)
         out = {"model": model, "api": api, "status": res.status, "backend": res.headers.get("X-Backend"),
                "request_id": res.headers.get("X-Request-Id"), "latency_s": round(time.monotonic() - started, 3)}
         problem = None
@@ -509,6 +515,7 @@ def main():
             model=dict(type="str", default="MiniCPM-V-4.5"),
             functional_request=dict(type="bool", default=False),
             orid=dict(type="str", default="cluster-health"),
+            headers=dict(type="dict", default={}, no_log=True),
             request_timeout=dict(type="float", default=120),
             units=dict(type="list", elements="str", default=[]),
             unit_failures=dict(type="int", default=2),
@@ -624,7 +631,8 @@ def main():
             service = ((instance.get("models") or [p["model"]])[0], instance.get("kind") or "vision")
             if service not in services:
                 services.append(service)
-        result["requests"] = functional_requests(module, url, services, p["orid"], p["request_timeout"], backends)
+        result["requests"] = functional_requests(module, url, services, p["orid"], p["request_timeout"], backends,
+                                                 p["headers"])
         result["functional"] = result["requests"][0]
     module.exit_json(**result)
 

@@ -15,17 +15,22 @@ _STACK = " stack trace:"
 ERROR_CHARS = 300
 
 
-def caller_problems(master_key, callers):
-    """Why the master key or the callers cannot be used, one line each; a caller is named by its position and alias,
-    never by its key."""
+def caller_problems(master_key, callers, proxy_secret=None):
+    """Why the master key, the proxy secret or the callers cannot be used, one line each; a caller is named by its
+    position and alias, never by its key."""
     problems = []
-    if len(str(master_key or "")) < MIN_SECRET:
-        problems.append("dcu_gateway_master_key: missing or shorter than {} characters; put a long random one in "
-                        "ansible-vault (ansible-vault encrypt_string) or the environment (lookup('env', ...))".format(
-                            MIN_SECRET))
+    for name, secret in (("dcu_gateway_master_key", master_key), ("dcu_gateway_proxy_secret", proxy_secret)):
+        if len(str(secret or "")) < MIN_SECRET:
+            problems.append("{}: missing or shorter than {} characters; put a long random one in ansible-vault "
+                            "(ansible-vault encrypt_string) or the environment (lookup('env', ...))".format(
+                                name, MIN_SECRET))
     callers = callers or []
     if not callers:
         problems.append("dcu_gateway_callers: empty; give each calling system {alias, key, rpm?, concurrent?}")
+    elif not any(isinstance(c, dict) and c.get("probe") is True for c in callers):
+        problems.append("dcu_gateway_callers: none has probe: true; callers' keys reach the inference paths only, and "
+                        "verify.yml asks the gateway's /health with a probe key (an entry of its own, e.g. "
+                        "{alias: probe, key: ..., probe: true})")
     aliases = []
     for index, caller in enumerate(callers):
         if not isinstance(caller, dict):
@@ -47,9 +52,16 @@ def caller_problems(master_key, callers):
 
 
 def caller_keys(callers):
-    """The keys file's entries: [{alias, sha256 (of the key), rpm, concurrent}] - the gateway compares sums."""
+    """The keys file's entries: [{alias, sha256 (of the key), rpm, concurrent, probe}] - the gateway compares sums; a
+    probe key (verify.yml's) may call /health and the gateway's other paths, a caller's the inference paths only."""
     return [{"alias": caller["alias"], "sha256": hashlib.sha256(str(caller["key"]).encode("utf-8")).hexdigest(),
-             "rpm": caller.get("rpm"), "concurrent": caller.get("concurrent")} for caller in callers or []]
+             "rpm": caller.get("rpm"), "concurrent": caller.get("concurrent"), "probe": caller.get("probe") is True}
+            for caller in callers or []]
+
+
+def probe_key(callers):
+    """The key verify.yml asks the gateway's /health with: the first caller with probe: true ('' when none)."""
+    return next((str(c["key"]) for c in callers or [] if isinstance(c, dict) and c.get("probe") is True), "")
 
 
 def deployment_ids(config):

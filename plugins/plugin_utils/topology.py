@@ -5,6 +5,7 @@
 addresses each host's pieces are reached at (Prometheus' targets, the gateway's hosts) from the facts each
 role exports. Every list here is built from exported facts, never from another role's defaults."""
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from ansible.errors import AnsibleFilterError
@@ -118,3 +119,61 @@ def gateway_hosts(hosts, hostvars):
 def reachable_url(url):
     """Whether a URL names a host other hosts can reach (not loopback)."""
     return not is_loopback(urlsplit(url).hostname or "")
+
+
+def _gateway_sources(name, facts):
+    """The addresses or networks a gateway calls the serving hosts from, checked."""
+    sources = facts.get("dcu_gateway_source_addresses")
+    if sources is None:
+        address = str(facts.get("ansible_host") or "")
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise AnsibleFilterError(
+                "the serving hosts cannot tell which address the gateway {} calls them from: its ansible_host {!r} is "
+                "not an IP address; set dcu_gateway_source_addresses in its host vars (e.g. ['10.20.0.5'])".format(
+                    name, address or name)) from None
+        sources = [address]
+    if isinstance(sources, str) or not sources:
+        raise AnsibleFilterError("dcu_gateway_source_addresses of {}: a non-empty list of addresses or networks, got "
+                                 "{!r}".format(name, sources))
+    for source in sources:
+        try:
+            ipaddress.ip_network(str(source), strict=False)
+        except ValueError:
+            raise AnsibleFilterError("dcu_gateway_source_addresses of {}: {!r} is not an IP address or network".format(
+                name, source)) from None
+    return [str(source) for source in sources]
+
+
+def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
+    """What a serving host needs to answer the API to its gateways only (dcu_proxy's gateway settings):
+    {url, allow, secret}, or {} when the inventory has no gateway.
+
+    gateways: the inventory's gateway hosts (group dcu_gateways); listen: dcu_gateway's own default listen, for a
+    gateway whose vars do not set dcu_gateway_listen. `allow`: each gateway's dcu_gateway_source_addresses, else its
+    ansible_host when that is an IP address; `url` (named in the 403 other callers get): dcu_gateway_public_url, else
+    http://<ansible_host>:<its port>; `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the
+    gateway and the variable when one cannot be worked out."""
+    if not gateways:
+        return {}
+    allow, urls, secrets = [], [], {}
+    for name in gateways:
+        facts = hostvars.get(name, {})
+        for source in _gateway_sources(name, facts):
+            if source not in allow:
+                allow.append(source)
+        port = str(facts.get("dcu_gateway_listen") or listen).rsplit(":", 1)[-1]
+        urls.append(str(facts.get("dcu_gateway_public_url")
+                        or "http://{}:{}".format(url_host(str(facts.get("ansible_host") or name)), port)))
+        secret = str(facts.get("dcu_gateway_proxy_secret") or "")
+        if len(secret) < 16:
+            raise AnsibleFilterError(
+                "dcu_gateway_proxy_secret of the gateway {}: missing or shorter than 16 characters; the serving hosts "
+                "believe the gateway by it - put a long random one in ansible-vault, in the gateways' group "
+                "vars".format(name))
+        secrets.setdefault(secret, name)
+    if len(secrets) > 1:
+        raise AnsibleFilterError("dcu_gateway_proxy_secret differs between the gateways {}: a serving host checks one "
+                                 "secret; give every gateway the same".format(" and ".join(secrets.values())))
+    return {"url": " or ".join(urls), "allow": allow, "secret": next(iter(secrets))}

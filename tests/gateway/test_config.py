@@ -27,6 +27,9 @@ def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
     # A host is left out past allowed_fails failures, whatever it answered before (a refused connection is a 500).
     assert router["allowed_fails_policy"] == {"InternalServerErrorAllowedFails": 3, "BadGatewayErrorAllowedFails": 3,
                                               "ServiceUnavailableErrorAllowedFails": 3, "TimeoutErrorAllowedFails": 3}
+    # The gateway proves itself to each dcu-proxy with the vault's secret, read from its environment: never a key in
+    # the file, and the health checks (the deployment's own api_key) carry it too.
+    assert {d["litellm_params"]["api_key"] for d in config["model_list"]} == {"os.environ/DCU_GATEWAY_PROXY_SECRET"}
     general = config["general_settings"]
     assert general["custom_auth"] == "dcu_serving.gateway.auth.user_api_key_auth"
     assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"  # never the key itself in the file

@@ -15,6 +15,8 @@ import os
 import re
 import signal
 import subprocess
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,10 @@ from support import FAST_SIM, REPO, SERVED_MODEL, ServerProcess, free_port, wait
 pytestmark = pytest.mark.gateway
 
 LITELLM = os.environ.get("DCU_LITELLM", str(REPO / "build/gateway-venv/bin/litellm"))
-KEYS = {"billing": "sk-billing-0123456789", "batch": "sk-batch-0123456789", "solo": "sk-solo-0123456789"}
+KEYS = {"billing": "sk-billing-0123456789", "batch": "sk-batch-0123456789", "solo": "sk-solo-0123456789",
+        "probe": "sk-probe-0123456789"}
+# What the gateway proves itself with to each dcu-proxy (its deployments' api_key, from its environment).
+PROXY_SECRET = "gw-proxy-secret-0123456789"
 BATCH_RPM = 3
 
 
@@ -66,9 +71,9 @@ def fleet(tmp_path, start_sim, start_proxy):
     # Answers take ~0.3 s (10 tokens at 30 ms): long enough for requests sent together to overlap.
     cards = [start_sim(*FAST_SIM, "--sim-itl-ms", "30"), start_sim(*FAST_SIM, "--sim-itl-ms", "30")]
     port = free_port()
-    # The host trusts the gateway's address only (here the loopback's 127.0.0.1, where LiteLLM connects from).
+    # The host trusts the gateway's address (the loopback's 127.0.0.1, where LiteLLM connects from) and its secret.
     proxy = start_proxy([c.url for c in cards], healthy=2,
-                        gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"]})
+                        gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET})
     config = gateway_config([{"name": "host1", "url": proxy.url, "models": [SERVED_MODEL]}])
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
     keys = tmp_path / "keys.json"
@@ -76,6 +81,7 @@ def fleet(tmp_path, start_sim, start_proxy):
         {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest(), "concurrent": 8},
         {"alias": "batch", "sha256": hashlib.sha256(KEYS["batch"].encode()).hexdigest(), "rpm": BATCH_RPM},
         {"alias": "solo", "sha256": hashlib.sha256(KEYS["solo"].encode()).hexdigest(), "concurrent": 1},
+        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True},
     ]}))
     keys.chmod(0o600)
     trace = tmp_path / "network.trace"
@@ -85,7 +91,8 @@ def fleet(tmp_path, start_sim, start_proxy):
          "--num_workers", "1"],
         port, log=tmp_path / "gateway.log", trace=trace,
         env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
-             "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
+             "DCU_GATEWAY_PROXY_SECRET": PROXY_SECRET, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+             "NO_PROXY": "*"})
     try:
         gateway.start()
         yield gateway, proxy, cards
@@ -161,20 +168,21 @@ def two_hosts(tmp_path, start_sim, start_proxy):
     if not Path(LITELLM).exists():
         pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
     port = free_port()
-    trust = {"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"]}
+    trust = {"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET}
     hosts = {name: start_proxy([start_sim(*FAST_SIM, "--sim-itl-ms", "10").url], healthy=1, gateway=trust)
              for name in ("host1", "host2")}
     config = gateway_config([{"name": n, "url": p.url, "models": [SERVED_MODEL]} for n, p in hosts.items()])
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"callers": [
-        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()}]}))
+        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()},
+        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True}]}))
     drained = tmp_path / "drained.json"
     gateway = Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
                        "--num_workers", "1"], port, log=tmp_path / "gateway.log",
                       env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
-                           "DCU_GATEWAY_DRAINED": str(drained), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                           "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
+                           "DCU_GATEWAY_DRAINED": str(drained), "DCU_GATEWAY_PROXY_SECRET": PROXY_SECRET,
+                           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
     try:
         gateway.start()
         yield gateway, hosts, drained
@@ -211,12 +219,15 @@ def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
     hosts["host2"].results(12, timeout=10)
     assert len(hosts["host1"].results()) == before, "a drained host got requests"
 
-    # LiteLLM's health of each deployment, asked with a caller key: one small completion straight to the host,
-    # drained or not (verify.yml's gateway play).
-    import urllib.request
+    # LiteLLM's health of each deployment: one small completion straight to the host, drained or not, carrying the
+    # gateway's secret (verify.yml's gateway play). A probe key may ask; a caller's key may not (403).
     for name in hosts:
-        request = urllib.request.Request(f"{gateway.url}/health?model_id={name}/{SERVED_MODEL}",
-                                         headers={"Authorization": f"Bearer {KEYS['billing']}"})
+        url = f"{gateway.url}/health?model_id={name}/{SERVED_MODEL}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {KEYS['billing']}"}),
+                                   timeout=60)
+        assert refused.value.code == 403 and b"inference paths only" in refused.value.read()
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEYS['probe']}"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             health = json.loads(answer.read())
         assert health["healthy_count"] == 1, health

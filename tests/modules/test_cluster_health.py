@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -154,3 +155,21 @@ def test_a_proxy_still_starting_is_waited_for(module_runner, tmp_path, monkeypat
     assert result.get("failed"), result
     assert result["msg"].startswith(f"dcu-proxy does not answer on {CLOSED}/__lb_status (connection refused); "
                                     "the URL is from dcu_proxy_listen 0.0.0.0:8000 after 1."), result["msg"]
+
+
+def test_the_functional_request_carries_the_given_headers_and_never_shows_them(module_runner, http_server):
+    """verify.yml's request through a proxy behind a gateway presents the gateway's secret (dcu_proxy's export
+    dcu_proxy_api_headers): the proxy gets it, the result and its messages never hold it."""
+    answer = {"choices": [{"message": {"content": "A white page."}, "finish_reason": "stop"}],
+              "usage": {"completion_tokens": 4}}
+    proxy = http_server({"/__lb_status": (200, {"healthy": 1, "total": 1, "backends": [
+        {"url": "http://127.0.0.1:8005", "healthy": True, "active": 0, "last_error": None}]}),
+        "/v1/chat/completions": (200, answer)})
+    secret = "gw-proxy-secret-0123456789"
+    result = module_runner("cluster_health", {"url": proxy.url, "expected": 1, "timeout": 5, "model": "MiniCPM-V-4.5",
+                                              "functional_request": True, "orid": "verify-node",
+                                              "headers": {"Authorization": f"Bearer {secret}"}})
+    assert not result.get("failed"), result
+    [chat] = [r for r in proxy.seen if r["line"].startswith("POST /v1/chat/completions")]
+    assert chat["headers"]["Authorization"] == f"Bearer {secret}"
+    assert result["requests"][0]["status"] == 200 and secret not in json.dumps(result)

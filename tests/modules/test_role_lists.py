@@ -17,6 +17,7 @@ from ansible_collections.dcu.serving.plugins.plugin_utils.gateway import (
     caller_keys,
     caller_problems,
     deployment_ids,
+    probe_key,
     probe_results,
 )
 from ansible_collections.dcu.serving.plugins.plugin_utils.host_files import (
@@ -31,7 +32,18 @@ KEY = "sk-fleet-app-test-0123456789abcdef"
 
 
 def test_good_secrets_have_no_problem():
-    assert caller_problems("m" * 16, [{"alias": "app", "key": KEY, "rpm": 60}, {"alias": "ops", "key": KEY}]) == []
+    assert caller_problems("m" * 16, [{"alias": "app", "key": KEY, "rpm": 60},
+                                      {"alias": "ops", "key": KEY, "probe": True}], "s" * 16) == []
+
+
+def test_the_proxy_secret_and_a_probe_key_are_required():
+    assert caller_problems("m" * 16, [{"alias": "app", "key": KEY}], "") == [
+        "dcu_gateway_proxy_secret: missing or shorter than 16 characters; put a long random one in ansible-vault "
+        "(ansible-vault encrypt_string) or the environment (lookup('env', ...))",
+        "dcu_gateway_callers: none has probe: true; callers' keys reach the inference paths only, and verify.yml asks "
+        "the gateway's /health with a probe key (an entry of its own, e.g. {alias: probe, key: ..., probe: true})"]
+    assert probe_key([{"alias": "app", "key": KEY}, {"alias": "probe", "key": "p" * 16, "probe": True}]) == "p" * 16
+    assert probe_key([{"alias": "app", "key": KEY, "probe": "yes"}]) == ""  # only a real true opens /health
 
 
 def test_each_secret_problem_names_the_caller_by_position_and_alias_never_by_key():
@@ -39,8 +51,8 @@ def test_each_secret_problem_names_the_caller_by_position_and_alias_never_by_key
         {"alias": "app", "key": "sk-too-short"},
         {"key": KEY},
         "app",
-        {"alias": "app", "key": KEY, "rpm": 0, "concurrent": "lots"},
-    ])
+        {"alias": "app", "key": KEY, "rpm": 0, "concurrent": "lots", "probe": True},
+    ], "s" * 16)
     assert problems == [
         "dcu_gateway_master_key: missing or shorter than 16 characters; put a long random one in ansible-vault "
         "(ansible-vault encrypt_string) or the environment (lookup('env', ...))",
@@ -52,13 +64,16 @@ def test_each_secret_problem_names_the_caller_by_position_and_alias_never_by_key
         "dcu_gateway_callers: each alias once (the alias names the caller in every results log)",
     ]
     assert not any("sk-too-short" in p or KEY in p for p in problems)
-    assert caller_problems(None, [])[1] == ("dcu_gateway_callers: empty; give each calling system {alias, key, rpm?, "
-                                            "concurrent?}")
+    assert caller_problems(None, [], "s" * 16)[1] == ("dcu_gateway_callers: empty; give each calling system {alias, "
+                                                      "key, rpm?, concurrent?}")
 
 
 def test_the_keys_file_holds_each_keys_sum_not_the_key():
-    assert caller_keys([{"alias": "app", "key": KEY, "concurrent": 16}]) == [
-        {"alias": "app", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "rpm": None, "concurrent": 16}]
+    assert caller_keys([{"alias": "app", "key": KEY, "concurrent": 16}, {"alias": "ops", "key": KEY, "probe": True}]) \
+        == [{"alias": "app", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "rpm": None, "concurrent": 16,
+             "probe": False},
+            {"alias": "ops", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "rpm": None, "concurrent": None,
+             "probe": True}]
 
 
 def test_deployments_and_what_their_probes_found():

@@ -4,12 +4,15 @@ copy of its default; a host that exported nothing, or that listens where the rea
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.plugin_utils import topology
 from ansible_collections.dcu.serving.plugins.plugin_utils.topology import (
     gateway_hosts,
+    gateway_trust,
     prometheus_expected_cards,
     prometheus_targets,
     proxy_backends,
@@ -101,3 +104,40 @@ def test_proxy_backends_name_each_instances_models_kind_and_limits():
         {"url": "http://127.0.0.1:8002", "models": ["qwen", "qwen-chat"], "kind": "chat", "concurrency": 8,
          "max_model_len": 32768},
         {"url": "http://127.0.0.1:8008", "models": ["bge"], "kind": "embedding"}]
+
+
+# --- who a serving host behind a gateway answers ---------------------------------------------------------------------
+
+SECRET = "gw-proxy-secret-0123456789"
+
+
+def test_a_serving_host_trusts_the_gateways_addresses_and_secret_and_names_their_url():
+    hostvars = {"gw1": {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": SECRET},
+                "gw2": {"ansible_host": "gw2.example", "dcu_gateway_source_addresses": ["10.20.0.6", "10.30.0.0/24"],
+                        "dcu_gateway_listen": "0.0.0.0:4443", "dcu_gateway_proxy_secret": SECRET}}
+    assert gateway_trust(["gw1", "gw2"], hostvars, "0.0.0.0:4000") == {
+        "url": "http://10.20.0.5:4000 or http://gw2.example:4443", "allow": ["10.20.0.5", "10.20.0.6", "10.30.0.0/24"],
+        "secret": SECRET}
+    hostvars["gw1"]["dcu_gateway_public_url"] = "https://llm.example.internal"
+    assert gateway_trust(["gw1"], hostvars)["url"] == "https://llm.example.internal"
+    assert gateway_trust([], hostvars) == {}
+
+
+@pytest.mark.parametrize(("facts", "message"), [
+    ({"ansible_host": "gw1.example"}, "its ansible_host 'gw1.example' is not an IP address; set "
+                                     "dcu_gateway_source_addresses in its host vars"),
+    ({"dcu_gateway_source_addresses": "10.0.0.5"}, "dcu_gateway_source_addresses of gw1: a non-empty list"),
+    ({"dcu_gateway_source_addresses": ["gw.example"]}, "'gw.example' is not an IP address or network"),
+    ({"ansible_host": "10.0.0.5", "dcu_gateway_proxy_secret": "short"}, "dcu_gateway_proxy_secret of the gateway gw1: "
+                                                                        "missing or shorter than 16 characters"),
+])
+def test_a_gateway_the_serving_hosts_cannot_tell_fails_the_play_naming_the_variable(facts, message):
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        gateway_trust(["gw1"], {"gw1": dict({"dcu_gateway_proxy_secret": SECRET}, **facts)})
+
+
+def test_gateways_with_different_secrets_are_refused():
+    hostvars = {name: {"ansible_host": f"10.0.0.{i}", "dcu_gateway_proxy_secret": SECRET + str(i)}
+                for i, name in enumerate(("gw1", "gw2"))}
+    with pytest.raises(AnsibleFilterError, match="differs between the gateways gw1 and gw2"):
+        gateway_trust(["gw1", "gw2"], hostvars)

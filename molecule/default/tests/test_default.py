@@ -80,7 +80,8 @@ def test_proxy_runs_hardened_as_its_own_user_with_the_derived_backends(host, uni
     pid = unit(host, "dcu-proxy", "MainPID")
     assert host.check_output(f"ps -o user= -p {pid}") == "dcu-proxy"
     for prop, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
-                        "PrivateTmp": "yes", "ReadWritePaths": "/var/log/dcu-serving", "CPUWeight": "800"}.items():
+                        "PrivateTmp": "yes", "ReadWritePaths": "/var/log/dcu-serving", "CPUWeight": "800",
+                        "MemoryMax": str(2 * 1024 ** 3), "TasksMax": "256"}.items():
         assert unit(host, "dcu-proxy", prop) == value, prop
     # Outside its log directory the service's file system is read-only, even where the user could write.
     probe = host.run("systemd-run --wait --pipe --quiet --property=ProtectSystem=strict --uid=0 touch /etc/probe")

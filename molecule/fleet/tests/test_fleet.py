@@ -29,8 +29,11 @@ MODEL = "MiniCPM-V-4.5"
 NODES = ("node-a", "node-b")
 RESULTS = "/var/log/dcu-serving/results.jsonl"
 APP, LIMITED = "fleet-app", "fleet-limited"
-KEYS = {APP: os.environ["DCU_FLEET_APP_KEY"], LIMITED: os.environ["DCU_FLEET_LIMITED_KEY"]}
+PROBE = "fleet-probe"
+KEYS = {APP: os.environ["DCU_FLEET_APP_KEY"], LIMITED: os.environ["DCU_FLEET_LIMITED_KEY"],
+        PROBE: os.environ["DCU_FLEET_PROBE_KEY"]}
 MASTER = os.environ["DCU_FLEET_MASTER_KEY"]
+PROXY_SECRET = os.environ["DCU_FLEET_PROXY_SECRET"]
 LIMITED_RPM = 2  # host_vars/gateway.yml
 
 
@@ -136,6 +139,46 @@ def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway():
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403
         assert gateway in refused.value.read().decode()
+
+
+def _status_from(name: str, url: str, headers: dict) -> int:
+    """The status of a small chat posted by a process on node `name` (from that node's own address)."""
+    script = ("import json, sys, urllib.error, urllib.request\n"
+              "body = json.dumps({'model': sys.argv[3], 'messages': [{'role': 'user', 'content': 'ping'}],"
+              " 'max_tokens': 8}).encode()\n"
+              "request = urllib.request.Request(sys.argv[1], data=body, headers=json.loads(sys.argv[2]))\n"
+              "try:\n    print(urllib.request.urlopen(request, timeout=60).status)\n"
+              "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+    return int(on(name, "python3", "-c", script, url, json.dumps(headers), MODEL).strip())
+
+
+def test_a_forged_caller_on_an_allowed_address_is_refused_while_the_gateways_calls_pass():
+    """node-a answers the API to the gateway only, and its address proves nothing: a process on the gateway's own
+    machine (its address is the allowed one) or on node-a itself (loopback) naming a caller is refused without the
+    gateway's secret, and with a wrong one; nothing reaches a card. The gateway's calls carry the secret (the previous
+    tests' chats), and a call carrying it is answered with its caller believed. LiteLLM's /health - a completion on
+    every deployment - is for the probe key, not a caller's."""
+    url = f"http://{address('node-a')}:8000/v1/chat/completions"
+    forged = {"Content-Type": "application/json", "X-Caller": APP}
+    before = len(results("node-a"))
+    assert _status_from("gateway", url, forged) == 403
+    assert _status_from("node-a", "http://127.0.0.1:8000/v1/chat/completions", forged) == 403
+    wrong = {**forged, "Authorization": "Bearer fleet-proxy-secret-wrong-0123456789"}
+    assert _status_from("gateway", url, wrong) == 403
+    assert len(results("node-a")) == before, "a refused call reached a card"
+    proven = {**forged, "X-Caller": "fleet-proven", "Authorization": f"Bearer {PROXY_SECRET}"}
+    assert _status_from("gateway", url, proven) == 200
+    wait_until(lambda: any(r.get("caller") == "fleet-proven" for r in results("node-a")), 15, interval=0.5,
+               what="the proven call's results line naming its caller")
+
+    health = f"http://{address('gateway')}:4000/health?model_id=node-a/{MODEL}"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(health, headers={"Authorization": f"Bearer {KEYS[APP]}"}),
+                               timeout=60)
+    assert refused.value.code == 403 and "inference paths only" in refused.value.read().decode()
+    with urllib.request.urlopen(urllib.request.Request(health, headers={"Authorization": f"Bearer {KEYS[PROBE]}"}),
+                                timeout=120) as answer:
+        assert json.loads(answer.read())["healthy_count"] == 1
 
 
 def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first(run_playbook, tmp_path):
@@ -382,12 +425,13 @@ def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without
     assert modes == ["/etc/dcu-gateway/keys.json 600 dcu-gateway", "/etc/dcu-gateway/secrets.env 600 root",
                      "/etc/dcu-gateway/config.yaml 640 root"]
     readable = on("gateway", "cat", "/etc/dcu-gateway/keys.json", "/etc/dcu-gateway/config.yaml")
-    assert not any(secret in readable for secret in (*KEYS.values(), MASTER))
+    assert not any(secret in readable for secret in (*KEYS.values(), MASTER, PROXY_SECRET))
     assert all(f"http://{address(n)}:8000/v1" in readable for n in NODES)  # both hosts are deployments
 
     # Rotation: the new key works and the old one is refused at once, without a restart; no key in the output.
     new = "sk-fleet-app-rotated-" + os.urandom(8).hex()
-    callers = [{"alias": APP, "key": new, "concurrent": 16}, {"alias": LIMITED, "key": KEYS[LIMITED], "rpm": 2}]
+    callers = [{"alias": APP, "key": new, "concurrent": 16}, {"alias": LIMITED, "key": KEYS[LIMITED], "rpm": 2},
+               {"alias": PROBE, "key": KEYS[PROBE], "probe": True}]
     rc, out = run_playbook("gateway.yml", "--diff", extra_vars={"dcu_gateway_callers": callers})
     assert rc == 0, out[-3000:]
     assert recap(out, "gateway")["changed"] == 1  # the keys file, nothing else
@@ -402,6 +446,6 @@ def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without
                            extra_vars={"dcu_gateway_callers": callers, "dcu_gateway_master_key": master})
     assert rc == 0, out[-3000:]
     assert recap(out, "gateway")["changed"] >= 1
-    assert master not in out and MASTER not in out and new not in out
+    assert master not in out and MASTER not in out and new not in out and PROXY_SECRET not in out
     assert master not in on("gateway", "cat", "/etc/dcu-gateway/keys.json", "/etc/dcu-gateway/config.yaml")
     assert chat(client(new))  # the role waited until it answers again

@@ -260,9 +260,13 @@ SCHEMA: dict[str, Any] = {
     },
     # A host behind a gateway answers API calls only from the addresses in `allow` (the gateway's, and
     # loopback for the host's own checks); others get a 403 that names `url`, where they should call instead.
+    # With `secret`, a call must also carry it (Authorization: Bearer <secret>, the gateway deployment's api_key):
+    # an address proves nothing (any process on an allowed host, loopback included), and X-Caller is believed
+    # only from a call that carried it.
     "gateway": {
         "url": (None, _optional(_text)),
         "allow": (None, _optional(_list_of(_network, "addresses or networks"))),
+        "secret": (None, _optional(_text)),
     },
 }
 
@@ -316,6 +320,7 @@ class Config:
     admin_token: str | None = None
     gateway_url: str | None = None
     gateway_allow: tuple = ()  # ipaddress networks; empty: API calls from anywhere
+    gateway_secret: bytes | None = None  # what the gateway's calls carry (Authorization: Bearer ...)
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -376,6 +381,10 @@ def build(data: Any, source: str | None = None) -> Config:
         missing = "gateway.url" if gateway["allow"] else "gateway.allow"
         raise ConfigError(missing, "is required with the other gateway key: `allow` lists the addresses API calls "
                                    "are accepted from, `url` is the gateway callers are told to use instead")
+    if gateway["secret"] is not None and (not gateway["allow"] or len(gateway["secret"]) < 16):
+        raise ConfigError("gateway.secret", "needs gateway.allow and url too, and at least 16 characters (a random "
+                                            "string from the vault, the gateway's api_key for this host)"
+                          if gateway["allow"] else "needs gateway.allow and gateway.url (the gateway it proves)")
     backends = v["backends"]
     if isinstance(backends[0], str):  # the plain form: every backend serves every model
         if v["models"] is None:
@@ -403,7 +412,8 @@ def build(data: Any, source: str | None = None) -> Config:
         log_level=v["log_level"], health_path=v["health"]["path"], health_interval=v["health"]["interval"],
         health_timeout=v["health"]["timeout"], contract=Contract(**rules),
         admin_listen=admin["listen"], admin_token=token, gateway_url=gateway["url"],
-        gateway_allow=tuple(ipaddress.ip_network(n) for n in gateway["allow"] or ()), source=source,
+        gateway_allow=tuple(ipaddress.ip_network(n) for n in gateway["allow"] or ()),
+        gateway_secret=gateway["secret"].encode() if gateway["secret"] else None, source=source,
     )
 
 

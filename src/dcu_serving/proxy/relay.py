@@ -70,6 +70,8 @@ class Relay:
     def configure(self, settings: Config):
         """Take (re)loaded settings; call after the balancer has its pools (routing follows them)."""
         self.settings = settings
+        # The gateway's secret (its Authorization) stops here: no model server sees it.
+        self.drop = _DROP_REQUEST | {b"authorization"} if settings.gateway_secret else _DROP_REQUEST
         self.passing = settings.contract.model == "pass"
         routing.configure(self.balancer.groups)
         # An API whose models all share one pool: that pool is known before the body is read (_admit).
@@ -81,8 +83,9 @@ class Relay:
         t0 = loop.time()
         api = APIS[request.path]  # the path the listener routed here by
         rid = request_id(request)
-        # The calling system's alias, as the gateway names it; trusted only where only the gateway may call.
-        caller = request.headers.get("X-Caller") if self.settings.gateway_allow else None
+        # The calling system's alias, as the gateway names it; believed only from a call that proved it came from
+        # the gateway (its secret: the server let nothing else through).
+        caller = request.headers.get("X-Caller") if self.settings.gateway_secret else None
         rec = {"time": 0.0, "request_id": rid, "orid": None, "caller": caller, "api": api.name, "model": None,
                "backend": None, "status": 0, "finish_reason": None, "prompt_tokens": None, "completion_tokens": None,
                "ttft_ms": None, "latency_ms": None, "queue_ms": None, "stream": False, "attempts": 0,
@@ -176,7 +179,7 @@ class Relay:
             else:  # embeddings, rerank, score: passed on as they came
                 call = contract.Call(body, model, user, None, False)
 
-        headers = _forwarded_headers(request, rid)
+        headers = _forwarded_headers(request, rid, self.drop)
         if upload is None:
             length = len(call.body)
         else:
@@ -552,11 +555,11 @@ class Upload:
             raise
 
 
-def _forwarded_headers(request: web.BaseRequest, rid: str) -> bytes:
+def _forwarded_headers(request: web.BaseRequest, rid: str, drop: frozenset = _DROP_REQUEST) -> bytes:
     """The caller's headers to forward, and the request id (the caller's, or the one made for it)."""
     # A list, not a generator: join() on a generator costs a resumption per header (bench/proxy_instructions.py).
     headers = b"".join([b"%s: %s\r\n" % (name, value) for name, value in request.raw_headers
-                        if name.lower() not in _DROP_REQUEST])
+                        if name.lower() not in drop])
     return headers + b"X-Request-Id: %s\r\n" % rid.encode()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ipaddress
 import logging
 import signal
@@ -48,6 +49,7 @@ class Proxy:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._checks: set = set()  # health checks of backends added by a reload
         self._callers: dict = {}  # peer address -> may it call the API (gateway.allow), cleared on reload
+        self._unproven: dict = {}  # peers refused for want of the gateway's secret (logged once each)
 
     # -- lifecycle --
 
@@ -125,7 +127,7 @@ class Proxy:
                 closing.close()
         logging.getLogger().setLevel(new.log_level.upper())
         self.settings = new
-        self._callers = {}
+        self._callers, self._unproven = {}, {}
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
                                      new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging)
         relay.configure(new)  # routing follows the balancer's new pools
@@ -153,25 +155,31 @@ class Proxy:
         return table
 
     def _gateway_only(self, handler):
-        """The API for the callers `gateway.allow` names; the others are told where the gateway is. Read from
-        the settings at each request, so a reload applies it; a peer's verdict is remembered until then."""
+        """The API for the callers `gateway.allow` names, carrying `gateway.secret` when one is set; the others are
+        told where the gateway is. Read from the settings at each request, so a reload applies it; a peer's
+        address verdict is remembered until then, the secret is compared at every call (in constant time)."""
 
         def guarded(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
-            allow = self.settings.gateway_allow
-            if not allow:
+            settings = self.settings
+            if not settings.gateway_allow:
                 return handler(request)
             peer = request.remote
             trusted = self._callers.get(peer)
             if trusted is None:
                 if len(self._callers) >= 4096:  # a scan from many addresses must not grow it without end
                     self._callers.clear()
-                trusted = self._callers[peer] = _within(peer, allow)
+                trusted = self._callers[peer] = _within(peer, settings.gateway_allow)
                 if not trusted:
                     log.warning("refusing API calls from %s: only the gateway %s may call (gateway.allow)",
-                                peer, self.settings.gateway_url)
-            if trusted:
+                                peer, settings.gateway_url)
+            if trusted and (settings.gateway_secret is None or _proves(request, settings.gateway_secret)):
                 return handler(request)
-            return _forbidden(request, self.settings.gateway_url)
+            if trusted and self._unproven.get(peer) is None:
+                if len(self._unproven) >= 4096:
+                    self._unproven.clear()
+                self._unproven[peer] = True
+                log.warning("refusing API calls from %s without the gateway's secret (gateway.secret)", peer)
+            return _forbidden(request, settings.gateway_url)
         return guarded
 
     def admin_server_routes(self) -> dict:
@@ -213,6 +221,12 @@ async def _not_found(request: web.BaseRequest, allowed: tuple, known: str) -> we
     message = f"{what} {request.method} {request.path}; this listener serves {known}."
     error = ProxyError(405, message, headers={"Allow": ", ".join(allowed)}) if allowed else ProxyError(404, message)
     return error_response(error, own_headers(request)["X-Request-Id"])
+
+
+def _proves(request: web.BaseRequest, secret: bytes) -> bool:
+    """Whether the call carries the gateway's secret: Authorization: Bearer <secret>, compared in constant time."""
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode("utf-8", "replace"), secret)
 
 
 def _within(peer: str | None, networks: tuple) -> bool:

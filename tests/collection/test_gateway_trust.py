@@ -1,0 +1,62 @@
+"""Who a serving host answers behind a gateway, as a play works it out: a real ansible-playbook run of dcu_proxy's
+exports on a local host of an inventory with a gateway. The settings come from the gateway's inventory vars alone;
+a gateway the serving hosts cannot tell fails the play naming it and the variable; the secret is never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "gw-trust-secret-0123456789"
+
+
+def run(tmp_path: Path, gateway: dict) -> tuple[int, str, list]:
+    """(return code, whole output, the results of the play's last task on the serving host)."""
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
+        "dcu_nodes": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                         "ansible_become": False}}},
+        "dcu_gateways": {"hosts": {"gw1": gateway}}}}}))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
+        "hosts": "dcu_nodes", "gather_facts": False,
+        "tasks": [
+            {"name": "Exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_proxy",
+                                                                "tasks_from": "exports", "public": True}},
+            {"name": "Show", "ansible.builtin.debug": {"msg": {
+                "url": "{{ dcu_proxy_gateway_url }}", "allow": "{{ dcu_proxy_gateway_allow }}",
+                "secret_set": "{{ dcu_proxy_gateway_secret == '" + SECRET + "' }}",
+                "headers_set": "{{ dcu_proxy_api_headers == {'Authorization': 'Bearer " + SECRET + "'} }}"}}},
+        ]}], sort_keys=False))
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "hosts.yml"),
+         str(tmp_path / "play.yml")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
+    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
+    return done.returncode, done.stdout + done.stderr, [t["hosts"]["node"] for t in tasks if "node" in t["hosts"]]
+
+
+def test_a_serving_host_answers_the_gateway_of_the_inventory_and_presents_its_secret_itself(tmp_path):
+    code, out, results = run(tmp_path, {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": SECRET})
+    assert code == 0, out
+    assert results[-1]["msg"] == {"url": "http://10.20.0.5:4000", "allow": ["10.20.0.5"], "secret_set": True,
+                                  "headers_set": True}
+    assert SECRET not in out
+
+
+def test_a_gateway_the_serving_hosts_cannot_tell_fails_the_play_naming_it_and_the_variable(tmp_path):
+    code, out, results = run(tmp_path, {"ansible_host": "gw1.example", "dcu_gateway_proxy_secret": SECRET})
+    assert code != 0 and results[-1]["failed"]
+    assert "the gateway gw1 calls them from: its ansible_host 'gw1.example' is not an IP address; set " \
+           "dcu_gateway_source_addresses in its host vars" in " ".join(results[-1]["msg"].split())
+    assert SECRET not in out
+
+    code, out, results = run(tmp_path, {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": "short"})
+    assert code != 0
+    assert "dcu_gateway_proxy_secret of the gateway gw1: missing or shorter than 16 characters" in \
+        " ".join(results[-1]["msg"].split())
