@@ -7,7 +7,7 @@ PY := python3
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv loadgen gateway capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
+.PHONY: help venv loadgen gateway rag capacity lint sanity-compat changelog unit unit-docker molecule integration compat test images vendor bundle demo demo-down collection constraints clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,19 @@ gateway: venv $(GATEWAY)/.stamp loadgen  ## LiteLLM's proxy (build/gateway-venv)
 	DCU_LITELLM=$(CURDIR)/$(GATEWAY)/bin/litellm DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf \
 	  $(BIN)/pytest -q -m gateway tests/gateway
 
+# MinerU's own code for the RAG chain's test (tests/rag): its API and vlm-http-client backend, in a venv of its
+# own (751 MB: opencv, onnxruntime); no torch, no model weights.
+MINERU := build/mineru-venv
+$(MINERU)/.stamp: requirements/mineru.txt
+	rm -rf $(MINERU) && $(PY) -m venv $(MINERU)
+	$(MINERU)/bin/pip install -q -r requirements/mineru.txt
+	touch $@
+
+rag: venv images $(MINERU)/.stamp  ## the RAG chain end to end: MinerU (real) -> dcu-proxy -> simulators, Milvus (image)
+	tools/ensure-docker
+	tools/build-milvus-image >/dev/null
+	DCU_MINERU=$(CURDIR)/$(MINERU) $(BIN)/pytest -q -m rag tests/rag
+
 capacity: venv loadgen  ## the knee test: dcu-benchmark with real aiperf against simulators behind dcu-proxy
 	DCU_AIPERF=$(CURDIR)/$(LOADGEN)/bin/aiperf $(BIN)/pytest -q -m loadgen
 
@@ -83,7 +96,7 @@ unit: venv $(BIN)/promtool $(BIN)/amtool  ## pytest without a Docker engine: mod
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)
 	tools/ensure-docker
-	$(BIN)/pytest -q -m "docker and not gateway"
+	$(BIN)/pytest -q -m "docker and not gateway and not rag"
 
 images: venv  ## build the local test images (cached by recipe hash)
 	tools/ensure-docker
@@ -96,6 +109,8 @@ vendor: venv  ## emulated vendor artifacts (rock .run, DTK) into build/vendor/, 
 bundle: venv images vendor  ## the demo/test offline bundle in build/bundle/ (playbooks/bundle.yml)
 	tools/build-sim-image >/dev/null
 	tools/build-proxy-image >/dev/null
+	tools/build-milvus-image >/dev/null
+	tools/build-mineru-image >/dev/null
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/bundle.yml
 
 molecule: venv images bundle  ## every molecule scenario, two at a time (logs in build/molecule/)
@@ -107,7 +122,7 @@ integration: venv images bundle  ## every molecule scenario and the compat check
 compat: venv images bundle  ## the oldest ansible-core claimed converges an older-generation node over SSH
 	tools/compat-check
 
-test: lint unit unit-docker capacity gateway integration  ## everything CI runs, cheapest first
+test: lint unit unit-docker capacity gateway rag integration  ## everything CI runs, cheapest first
 
 collection: venv  ## build the collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build/

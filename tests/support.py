@@ -191,11 +191,12 @@ class Proxy(ServerProcess):
     def settled_results(self, orid: str) -> list[dict]:
         """The orid's records once every earlier request's record is written.
 
-        The proxy writes the log off its event loop, in order: a marker request (a cheap 400) that
-        shows up in the log proves that everything sent before it is there too.
+        The proxy writes the log off its event loop, in order: a marker request (a cheap 4xx or 503) that
+        shows up in the log proves that everything sent before it is there too. Its orid also goes in the X-Orid
+        header: a proxy with no healthy backend refuses a body that came after its head unread.
         """
         marker = f"marker-{uuid.uuid4().hex}"
-        self.chat({"model": "no-such-model", "messages": [], "user": marker}, timeout=5)
+        self.chat({"model": "no-such-model", "messages": [], "user": marker}, timeout=5, headers={"X-Orid": marker})
         wait_until(lambda: any(r["orid"] == marker for r in self.results()), 10,
                    what="the marker line in the results log")
         return [r for r in self.results() if r["orid"] == orid]
@@ -227,17 +228,20 @@ def make_proxy(tmp_path: Path, backends: list[str], **settings) -> Proxy:
     return proxy
 
 
-def make_bundle(bundle: Path, files: dict[str, bytes], kind: str = "driver") -> list[dict]:
-    """A small format-1 bundle: each {relative file: bytes} as an artifact, index.json and SHA256SUMS as
-    dcu-bundle writes them. Returns the artifacts."""
+def make_bundle(bundle: Path, files: dict[str, bytes], kind: str | None = None) -> list[dict]:
+    """A small format-1 bundle: each {relative file: bytes} as an artifact (of the kind its directory holds,
+    unless `kind` says), index.json and SHA256SUMS as dcu-bundle writes them. Returns the artifacts."""
+    from dcu_serving.bundle import KINDS
     from dcu_serving.bundle.artifact import Artifact, write_artifacts
 
+    kind_of = {directory: name for name, directory in KINDS.items()}
     artifacts = []
     for rel, data in files.items():
         path = bundle / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        artifacts.append(Artifact(name=Path(rel).name.split("-")[0], kind=kind, version="1.0", file=rel,
+        artifacts.append(Artifact(name=Path(rel).name.split("-")[0], kind=kind or kind_of[rel.split("/")[0]],
+                                  version="1.0", file=rel,
                                   sha256=hashlib.sha256(data).hexdigest(), size=len(data), source="tests"))
     write_artifacts(bundle, artifacts)
     return [a.to_json() for a in artifacts]

@@ -19,8 +19,8 @@ import pytest
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
 
 
-def _playbook(playbook: str, args, extra_vars: dict | None, env: dict | None):
-    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+def _playbook(playbook: str, args, extra_vars: dict | None, env: dict | None, inventory: Path | None = None):
+    inventory = inventory or Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     argv = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", str(inventory),
             str(PROJECT / "playbooks" / playbook), *args]
     if extra_vars:
@@ -31,10 +31,10 @@ def _playbook(playbook: str, args, extra_vars: dict | None, env: dict | None):
 
 
 def run_playbook(playbook: str, *args: str, extra_vars: dict | None = None, timeout: int = 900,
-                 env: dict | None = None):
-    """ansible-playbook playbooks/<playbook> against the scenario's inventory; returns (rc, output).
+                 env: dict | None = None, inventory: Path | None = None):
+    """ansible-playbook playbooks/<playbook> against the scenario's inventory (or another one); returns (rc, output).
     env adds to the environment (ANSIBLE_STDOUT_CALLBACK=ansible.posix.json: the output is JSON)."""
-    argv, env = _playbook(playbook, args, extra_vars, env)
+    argv, env = _playbook(playbook, args, extra_vars, env, inventory)
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=PROJECT)
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -3,7 +3,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """dcu.serving.cluster_health on the controller: the module's wait in slices of report_every seconds, with a
 progress line after each (a module cannot print while it runs). A settled failure or success ends it at once;
-the module's own timeout still bounds the whole wait. See plugins/modules/cluster_health.py."""
+the module's own timeout still bounds the whole wait. It tells the module the host's inventory name (`host`), for
+the commands a diagnosis gives. See plugins/modules/cluster_health.py."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -27,6 +28,7 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
         args = dict(self._task.args)
+        args.setdefault("host", task_vars.get("inventory_hostname"))  # the --limit of the commands it suggests
         try:
             timeout = float(args.get("timeout", 300))
             every = float(args.get("report_every") or REPORT_EVERY)

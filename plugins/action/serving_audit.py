@@ -17,7 +17,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.dcu.serving.plugins.plugin_utils.audit import audit_report, write_gateway, write_reports
 
-REPORT_INPUTS = ("facts", "health", "access", "bundle", "expected", "orid", "generated")
+REPORT_INPUTS = ("facts", "health", "access", "bundle", "expected", "orid", "generated", "instances")
 
 
 class ActionModule(ActionBase):

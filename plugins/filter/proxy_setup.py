@@ -14,4 +14,5 @@ class FilterModule(object):
             "proxy_runtime": proxy_install.proxy_runtime,
             "proxy_requirements": proxy_install.proxy_requirements,
             "wheel_requires_python": proxy_install.wheel_requires_python,
+            "venv_build_dir": proxy_install.venv_build_dir,
         }

@@ -16,5 +16,6 @@ class FilterModule(object):
             "env_file_problems": services.env_file_problems,
             "vllm_kernel_advice": services.vllm_kernel_advice,
             "vllm_served_models": services.served_models,
+            "vllm_memory_max": services.largest_memory,
             "canary_error_problem": canary.canary_error_problem,
         }

@@ -59,6 +59,27 @@ def read_index(bundle):
     return doc
 
 
+def file_problem(file, kind):
+    """Why `file` cannot be the path of an artifact of `kind` inside a bundle, or '' when it can.
+
+    An artifact's file is joined to the bundle directory on the controller and to the staging directory on a host,
+    where root writes it: it must stay inside, in its kind's directory (`wheels/x.whl`), so that no index entry
+    reaches /etc or ../../root/.ssh, nor takes the place of index.json, SHA256SUMS or a transfer's scratch.
+    """
+    if not isinstance(file, str) or not file:
+        return "is not a path"
+    if file.startswith("/"):
+        return "is an absolute path; give it relative to the bundle ({}/<name>)".format(KINDS.get(kind, "<kind>"))
+    if any(ord(c) < 32 or c in "\\\x7f" for c in file):
+        return "holds a control character or a backslash"
+    parts = file.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "is not a plain path (an empty, . or .. part)"
+    if kind in KINDS and (len(parts) < 2 or parts[0] != KINDS[kind]):
+        return "is not in {}/, the directory of kind {}".format(KINDS[kind], kind)
+    return ""
+
+
 def index_problem(doc, where=INDEX):
     """Why a parsed index.json does not follow the format (naming `where`), or '' when it does."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("artifacts"), list):
@@ -71,6 +92,9 @@ def index_problem(doc, where=INDEX):
             return "{}: artifacts[{}] lacks {}".format(where, i, ", ".join(missing))
         if item["kind"] not in KINDS:
             return "{}: artifacts[{}].kind {!r} is not one of {}".format(where, i, item["kind"], ", ".join(KINDS))
+        problem = file_problem(item["file"], item["kind"])
+        if problem:
+            return "{}: artifacts[{}].file {!r} {}".format(where, i, item["file"], problem)
     return ""
 
 

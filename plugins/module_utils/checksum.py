@@ -51,6 +51,23 @@ def _load(cache_path):
     return data if isinstance(data, dict) else {}
 
 
+def update_json_store(path, change, prefix):
+    """Replace the JSON mapping at `path` with change(its data) under an exclusive lock (`path`.lock), written
+    through a temporary file (mode 0644, `prefix` names it), so concurrent writers and readers never see half of
+    it. A missing or unreadable store counts as {}. OSError (not writable) is the caller's."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = change(_load(path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+
+
 class ChecksumCache:
     """cached_sha256(path) -> (sha256, from_cache). `cache_path=None` disables the cache."""
 
@@ -86,21 +103,14 @@ class ChecksumCache:
             self._store(real, {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest})
 
     def _store(self, real, entry):
-        cache_path = os.fspath(self.cache_path)
-        directory = os.path.dirname(cache_path)
+        def change(data):
+            # Forget entries of files that no longer exist so the cache does not grow forever.
+            data = {p: e for p, e in data.items() if os.path.exists(p)}
+            data[real] = entry
+            return data
+
         try:
-            os.makedirs(directory, mode=0o755, exist_ok=True)
-            with open(cache_path + ".lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = _load(cache_path)
-                # Forget entries of files that no longer exist so the cache does not grow forever.
-                data = {p: e for p, e in data.items() if os.path.exists(p)}
-                data[real] = entry
-                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sha256-cache.")
-                with os.fdopen(fd, "w") as handle:
-                    json.dump(data, handle, indent=1, sort_keys=True)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, cache_path)
+            update_json_store(self.cache_path, change, ".sha256-cache.")
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
                 raise

@@ -8,11 +8,11 @@ image layouts (index.json -> manifest blob -> config digest), plain or gzip-comp
 small JSON members are read; layer data is skipped (seeked over in an uncompressed tar).
 """
 
-import fcntl
+import contextlib
 import json
-import os
 import tarfile
-import tempfile
+
+from ansible_collections.dcu.serving.plugins.module_utils.checksum import update_json_store
 
 
 class ArchiveError(Exception):
@@ -100,22 +100,5 @@ def cached_images(path, sha256, store, write=True):
 
 
 def _remember(store, sha256, images):
-    directory = os.path.dirname(store)
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        with open(store + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                with open(store) as handle:
-                    data = json.load(handle)
-            except (OSError, ValueError):
-                data = {}
-            data = data if isinstance(data, dict) else {}
-            data[sha256] = images
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".image-archives.")
-            with os.fdopen(fd, "w") as handle:
-                json.dump(data, handle, indent=1, sort_keys=True)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, store)
-    except OSError:
-        pass  # not writable: the next run reads the archive again
+    with contextlib.suppress(OSError):  # not writable: the next run reads the archive again
+        update_json_store(store, lambda data: dict(data, **{sha256: images}), ".image-archives.")

@@ -2,7 +2,7 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""One real request of a model service's kind (chat, vision, embedding, rerank, transcription), and what
+"""One real request of a model service's kind (chat, vision, embedding, rerank, transcription, speech), and what
 its answer must hold to prove the service works: shared by cluster_health (through the proxy) and
 service_request (to one instance, e.g. the canary of an upgrade)."""
 
@@ -36,8 +36,13 @@ def _chat(model, orid, image):
             "temperature": 0.2, "user": orid, "chat_template_kwargs": {"enable_thinking": False}}
 
 
-def answer_problem(api, body):
-    """Why an answer of `api` does not prove the service works, or None."""
+def answer_problem(api, body, raw=b""):
+    """Why an answer of `api` does not prove the service works, or None. `raw`: the answer's bytes (speech is
+    audio, not JSON)."""
+    if api == "speech":
+        if not (raw[:4] == b"RIFF" and raw[8:12] == b"WAVE" and len(raw) > 44):
+            return "the answer is no WAV audio (%d bytes: %r)" % (len(raw), raw[:60])
+        return None
     body = body or {}
     if api == "chat":
         choice = (body.get("choices") or [{}])[0]
@@ -68,6 +73,9 @@ def send_request(url, kind, model, orid, timeout):
             "filename": "verify.wav", "content": _wav(), "mime_type": "audio/wav"}})
         return "transcriptions", request(base + "/v1/audio/transcriptions", method="POST", timeout=timeout,
                                          data=body, content_type=content_type)
+    if kind == "speech":
+        return "speech", request(base + "/v1/audio/speech", method="POST", timeout=timeout, payload={
+            "model": model, "input": "dcu-serving verify.", "response_format": "wav", "user": orid})
     return "chat", request(base + "/v1/chat/completions", method="POST", timeout=timeout,
                            payload=_chat(model, orid, image=kind != "chat"))
 

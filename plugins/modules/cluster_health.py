@@ -15,10 +15,14 @@ short_description: Wait until every vLLM instance behind dcu-proxy is healthy, a
 description:
   - Polls the proxy's C(/__lb_status) until the backends that take callers - healthy and not drained - reach
     O(expected) or O(timeout) passes. A drained backend is named with how to bring it back.
+  - A drain is lifted only by what made it (a rolling restart undrains each instance it restarted; a failed one
+    leaves its instance drained on purpose), never by waiting. So when the backends not drained cannot reach
+    O(expected) and no unit of O(units) is starting, the module fails at once, naming each drained backend's unit
+    and the C(rolling_restart.yml) command that restarts, checks and undrains it.
   - Optionally probes each backend's C(/health) and C(/v1/models) directly, and sends real requests through
     the proxy to prove the service answers end to end - one chat completion with an image; or, given
     O(instances) of model services, one request per service in its own API (chat, vision, embeddings,
-    rerank, transcription).
+    rerank, transcription, speech synthesis).
   - A proxy that refuses connections fails the wait in seconds, not at O(timeout) - at once when its configuration
     (O(proxy_config)) names another port, after O(refused_grace) when its unit is active - naming the URL it tried
     and where that URL came from (O(url_source)).
@@ -125,6 +129,11 @@ options:
         times since it was last started by hand (its C(NRestarts) + 1); before that it is waited for.
     type: int
     default: 2
+  host:
+    description:
+      - The host's name in the inventory, for the C(--limit) of the commands a diagnosis gives. The action plugin
+        sets it (C(inventory_hostname)).
+    type: str
   report_every:
     description:
       - Seconds after which the module returns, not failed, with the units and backends it still waits for
@@ -251,7 +260,20 @@ def serving(status):
     return int(status.get("healthy", 0))
 
 
-def describe_backend(entry, base_port, model, probe, instance=None):
+def drained(status):
+    """How many backends of a /__lb_status are drained (0 from a proxy that does not report `draining`)."""
+    backends = status.get("backends")
+    return sum(1 for b in backends if isinstance(b, dict) and b.get("draining")) if isinstance(backends, list) else 0
+
+
+def undrain_command(card, host):
+    """The playbook that restarts an instance, sends it a real request and only then undrains it."""
+    limit = " --limit %s" % host if host else ""
+    return ("ansible-playbook -i <inventory> playbooks/rolling_restart.yml%s -e '{\"dcu_vllm_restart_cards\": [%s]}'"
+            % (limit, card))
+
+
+def describe_backend(entry, base_port, model, probe, instance=None, host=None):
     url = entry.get("url", "")
     card = card_of(url, base_port)
     if instance:
@@ -282,10 +304,11 @@ def describe_backend(entry, base_port, model, probe, instance=None):
     if info["diagnosis"] is None and not info["healthy"]:
         info["diagnosis"] = "ejected by the proxy: %s" % (info["last_error"] or "failing health checks")
     if info["draining"]:
-        drained = ("drained in the proxy (a rolling restart or an upgrade holds it, or a failed restart left it:"
-                   " `rolling_restart.yml -e '{\"dcu_vllm_restart_cards\": [%s]}'` restarts and undrains it)"
-                   % info["card"])
-        info["diagnosis"] = "%s; %s" % (info["diagnosis"], drained) if info["diagnosis"] else drained
+        drain = ("drained in the proxy, so no caller reaches it, and waiting does not lift that (a failed restart "
+                 "leaves its instance drained on purpose; a rolling restart running now holds it until it is back). "
+                 "Once it can serve, `%s` restarts it, checks it with a real request and undrains it"
+                 % undrain_command(info["card"], host))
+        info["diagnosis"] = "%s; %s" % (info["diagnosis"], drain) if info["diagnosis"] else drain
     return info
 
 
@@ -308,7 +331,7 @@ def functional_requests(module, url, services, orid, timeout, backends):
                 choice = ((res.body or {}).get("choices") or [{}])[0]
                 out["finish_reason"] = choice.get("finish_reason")
                 out["completion_tokens"] = ((res.body or {}).get("usage") or {}).get("completion_tokens")
-            problem = answer_problem(api, res.body)
+            problem = answer_problem(api, res.body, res.raw)
             if problem is None and out["backend"] not in known:
                 problem = "X-Backend %r is not one of the proxy's backends %s" % (out["backend"], sorted(known))
         if problem:
@@ -490,6 +513,7 @@ def main():
             units=dict(type="list", elements="str", default=[]),
             unit_failures=dict(type="int", default=2),
             report_every=dict(type="float", default=0),
+            host=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -503,7 +527,7 @@ def main():
     started = time.monotonic()
     deadline = started + p["timeout"]
     report_at = started + p["report_every"] if p["report_every"] else None
-    units, starting = {}, []
+    units, starting, stuck = {}, [], False
     refused_since = listen = None
     while True:
         if names:
@@ -539,6 +563,12 @@ def main():
         # A unit in start-post may already answer the proxy's health check: done only once it is active.
         if body is not None and total and healthy >= expected and not starting:
             break
+        # Drained backends come back only when what drained them undrains them: if the others cannot make up
+        # `expected`, no wait will (unless a unit is starting: a rolling restart at work, which undrains after).
+        held = drained(body) if body is not None else 0
+        if held and not starting and total - held < expected:
+            stuck = True
+            break
         waiting = [*starting, "%d/%d healthy behind the proxy" % (healthy, expected) if body is not None else
                    "dcu-proxy answers no status yet (%s)" % (status.error or "HTTP %s" % status.status)]
         now = time.monotonic()
@@ -567,7 +597,8 @@ def main():
     entries = body.get("backends", [])
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
         backends = list(pool.map(lambda b: describe_backend(b, p["base_port"], p["model"], probe,
-                                                            by_url.get(str(b.get("url", "")).rstrip("/"))), entries))
+                                                            by_url.get(str(b.get("url", "")).rstrip("/")), p["host"]),
+                                 entries))
     result = dict(changed=False, healthy=healthy, total=total, summary="%d/%d" % (healthy, total),
                   elapsed=elapsed, backends=backends)
     if names:
@@ -576,14 +607,17 @@ def main():
     for b in backends:
         if b["diagnosis"]:
             where = b["unit"] if by_url else "card %s" % b["card"]
-            problems.append("%s: %s — journalctl -u %s" % (where, b["diagnosis"], b["unit"]))
+            serves = b["healthy"] and b["health"] in (None, 200) and b["diagnosis"].startswith("drained")
+            journal = "" if serves else " — journalctl -u %s" % b["unit"]  # a sound instance, only drained
+            problems.append("%s: %s%s" % (where, b["diagnosis"], journal))
     problems.extend("%s still %s" % (u["unit"], u["why"]) for u in units.values() if u["state"] == "starting")
     if total < expected:
         problems.insert(0, "the proxy knows %d backends, %d expected — check %s" % (
             total, expected, p["proxy_config"]))
     if healthy < expected or starting or (p["check_backends"] and problems):
-        module.fail_json(msg="%d/%d healthy (expected %d) after %ss: %s" % (
-            healthy, total, expected, elapsed, "; ".join(problems) or "no per-card cause found"), **result)
+        module.fail_json(msg="%d/%d healthy (expected %d) after %ss%s: %s" % (
+            healthy, total, expected, elapsed, ", not waiting for drained backends" if stuck else "",
+            "; ".join(problems) or "no per-card cause found"), **result)
     if p["functional_request"]:
         services = []
         for instance in p["instances"] or [{"models": [p["model"]], "kind": "vision"}]:

@@ -15,7 +15,9 @@ description:
     (M(ansible.builtin.template) and M(ansible.builtin.copy) each read the file's sum, then its attributes).
   - Content is rendered on the controller (for example with the P(ansible.builtin.template#lookup) lookup)
     and compared byte for byte with the file on the host; a file is rewritten only when its content differs,
-    through a temporary file in the same directory and a rename, so a reader never sees half a file.
+    through a temporary file in the same directory and a rename, so a reader never sees half a file. The
+    temporary file has the final owner, group and mode before it holds a byte (a new file holding a secret is
+    never readable more widely than asked) and is flushed to disk before the rename, and the directory after it.
   - Owner, group and mode are set when they differ, whether or not the content changed.
   - Optionally reports the files in a directory that the set does not list (for example the environment
     files of instances no longer configured), so the caller can retire them.
@@ -180,6 +182,7 @@ unlisted:
 
 import fnmatch
 import os
+import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -193,6 +196,15 @@ def _fix_attributes(module, path, spec, diff):
     return module.set_fs_attributes_if_different(args, False, diff)
 
 
+def _octal_mode(mode):
+    """The mode as a number when it is given as one (0o640, "0640"), else None (absent, or symbolic: u=rw,g=r)."""
+    if isinstance(mode, int):
+        return mode
+    if isinstance(mode, str) and mode.isdigit():
+        return int(mode, 8)
+    return None
+
+
 def _directory(module, spec):
     path = spec["path"]
     changed = False
@@ -202,7 +214,11 @@ def _directory(module, spec):
         changed = True
         if module.check_mode:
             return {"changed": True}
-        os.makedirs(path)
+        # Closed (0700) until its owner and mode are set, when it has a mode of its own.
+        if spec.get("mode") is None:
+            os.makedirs(path)
+        else:
+            os.makedirs(path, 0o700)
     if _fix_attributes(module, path, spec, None):
         changed = True
     return {"changed": changed}
@@ -216,14 +232,50 @@ def _read(path):
         return None
 
 
+def _take_attributes(module, tmp, path, spec):
+    """The temporary file (0600 and root's, from mkstemp) gets the file's final owner, group and mode before it holds
+    a byte: a process that opens it then keeps reading what it holds later, so it must never be wider than the final
+    file (a new proxy.yml with the admin token, 0640). Attributes the spec leaves out come from the file it replaces
+    (a new file: Ansible's default mode, 0666 less the umask)."""
+    try:
+        old = os.stat(path)
+    except OSError:
+        old = None
+    if old is not None:
+        os.chown(tmp, old.st_uid, old.st_gid)
+    if _octal_mode(spec.get("mode")) is None:  # none given, or symbolic (relative to the old mode)
+        if old is not None:
+            os.chmod(tmp, stat.S_IMODE(old.st_mode))
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+    _fix_attributes(module, tmp, spec, None)
+
+
+def _sync_directory(directory):
+    """A rename is durable once its directory is on disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write(module, spec, data):
-    """The new content into a temporary file beside the target, validated, then renamed over it."""
+    """The new content into a temporary file beside the target, created with the target's final owner, group and
+    mode, flushed to disk, validated, then renamed over it and its directory flushed: a reader never sees half a
+    file nor the file with a wider mode than asked, and after a crash the file is the old one or the new one, whole
+    (ext4 and XFS may otherwise leave an empty file under the new name)."""
     path = spec["path"]
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
+            _take_attributes(module, tmp, path, spec)
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         if spec.get("validate"):
             if "%s" not in spec["validate"]:
                 module.fail_json(msg="validate must contain %%s (the new file): %s" % spec["validate"])
@@ -231,7 +283,12 @@ def _write(module, spec, data):
             if rc != 0:
                 module.fail_json(msg="failed to validate %s: %s" % (path, (err or out).strip()), rc=rc,
                                  stdout=out, stderr=err)
-        module.atomic_move(tmp, path, unsafe_writes=False)
+        if module.selinux_enabled():
+            # What atomic_move would do: the old file's context, or the policy's default for a new one.
+            context = module.selinux_context(path) if os.path.exists(path) else module.selinux_default_context(path)
+            module.set_context_if_different(tmp, context, False)
+        os.rename(tmp, path)
+        _sync_directory(directory)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -10,9 +10,9 @@ short_description: Send one real request of a model service's kind to a vLLM ins
 version_added: 0.2.0
 description:
   - Sends the request a caller of the service would send - a chat completion (with a small image for a vision
-    service), an embedding, a rerank or a transcription of a short silent WAV - to O(url), and fails unless the
-    answer proves the model works (a non-empty message, an embedding, a ranking, a text). C(/health) answering
-    200 proves only that the server runs.
+    service), an embedding, a rerank, a transcription of a short silent WAV or a short sentence to speak - to
+    O(url), and fails unless the answer proves the model works (a non-empty message, an embedding, a ranking, a
+    text, a WAV). C(/health) answering 200 proves only that the server runs.
   - Used on one instance directly, for example the canary of an upgrade before the proxy sends it callers.
   - The request is logged by the instance like any other, under O(orid) as its C(user).
 author:
@@ -36,7 +36,7 @@ options:
   kind:
     description: The service's kind, which picks the API.
     type: str
-    choices: [chat, vision, embedding, rerank, transcription]
+    choices: [chat, vision, embedding, rerank, transcription, speech]
     default: vision
   model:
     description: The served model name to ask for.
@@ -93,7 +93,8 @@ from ansible_collections.dcu.serving.plugins.module_utils.service_request import
 def main():
     module = AnsibleModule(argument_spec=dict(
         url=dict(type="str", required=True),
-        kind=dict(type="str", default="vision", choices=["chat", "vision", "embedding", "rerank", "transcription"]),
+        kind=dict(type="str", default="vision",
+                  choices=["chat", "vision", "embedding", "rerank", "transcription", "speech"]),
         model=dict(type="str", required=True),
         orid=dict(type="str", default="dcu-serving-check"),
         timeout=dict(type="float", default=60),
@@ -107,7 +108,7 @@ def main():
     elif res.status != 200:
         problem = "answered %s (%s)" % (res.status, server_error(res))
     else:
-        problem = answer_problem(api, res.body)
+        problem = answer_problem(api, res.body, res.raw)
     if problem:
         module.fail_json(msg="%s request for %s to %s: %s" % (api, p["model"], p["url"], problem), **result)
     module.exit_json(**result)

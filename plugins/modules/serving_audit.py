@@ -92,7 +92,9 @@ options:
       - The other inputs of the report, each optional - C(facts) (C(ansible_facts.dcu) of dcu.serving.dcu_facts),
         C(health) (the registered result of dcu.serving.cluster_health), C(access) (the results of
         dcu.serving.dcu_device_access), C(bundle) (the bundle's C(index.json)), C(expected) (C(cards),
-        C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid) and C(generated).
+        C(driver_version), C(dtk_version), C(instances) from the inventory), C(orid), C(generated) and
+        C(instances) (the role's C(dcu_vllm_instances), to say which of them run Python from their model directory,
+        C(trust_remote_code)).
       - Drift is what differs from C(expected) and C(bundle).
     type: dict
   gateway:
@@ -144,7 +146,8 @@ images:
   type: list
   elements: dict
 containers:
-  description: One entry per O(containers) with C(name), C(image) (the ref it was started from), C(image_id) and
+  description: One entry per O(containers) with C(name), C(image) (the ref it was started from, or its label
+    C(dcu-serving.image) when it was started by ID), C(image_id) and
     C(running) (null when there is no such container).
   returned: always
   type: list
@@ -255,7 +258,10 @@ def inspect(module, engine, names):
 
 
 def container(name, entry):
-    return {"name": name, "image": (entry.get("Config") or {}).get("Image"), "image_id": entry.get("Image"),
+    # vllm@.service runs the image by its ID and names the tag in the label dcu-serving.image.
+    config = entry.get("Config") or {}
+    image = (config.get("Labels") or {}).get("dcu-serving.image") or config.get("Image")
+    return {"name": name, "image": image, "image_id": entry.get("Image"),
             "running": (entry.get("State") or {}).get("Running")}
 
 

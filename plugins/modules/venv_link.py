@@ -14,7 +14,10 @@ description:
     the link with one C(rename(2)), so at every instant O(path) names a complete venv, and a build that
     failed never touches the running one.
   - The previous target is kept and named by C(<path>.previous) (the service runs from it until its restart,
-    and a rollback needs no bundle); every other venv named C(<path>-*) is removed.
+    and a rollback needs no bundle); with O(remove_older), every other venv named C(<path>-*) is removed.
+  - A service restarted later (by a handler) may still run from a venv older than the previous one, when an
+    earlier run switched twice or failed before the restart. Switch with O(remove_older=false), restart the
+    service, then call again with the same O(target) and O(remove_older=true) to remove what nothing runs from.
   - A directory at O(path) (a venv built in place) is moved aside once, as C(<path>-legacy), and kept as
     the previous one.
   - Changes nothing when O(path) already points at O(target).
@@ -41,6 +44,13 @@ options:
       - In check mode it need not exist yet (the build it would come from is skipped too).
     type: path
     required: true
+  remove_older:
+    description:
+      - Remove the venvs named C(<path>-*) other than O(target) and the previous one, also when the link points
+        at O(target) already.
+      - V(false) removes nothing (the service has not restarted onto O(target) yet).
+    type: bool
+    default: true
 """
 
 EXAMPLES = r"""
@@ -48,7 +58,16 @@ EXAMPLES = r"""
   dcu.serving.venv_link:
     path: /opt/dcu-gateway/venv
     target: /opt/dcu-gateway/venv-3f2a9c1b07de
+    remove_older: false
   notify: Restart dcu-gateway
+
+- name: Restart the gateway onto it
+  ansible.builtin.meta: flush_handlers
+
+- name: Remove the venvs the gateway no longer runs from (the previous one stays, for a rollback)
+  dcu.serving.venv_link:
+    path: /opt/dcu-gateway/venv
+    target: /opt/dcu-gateway/venv-3f2a9c1b07de
 """
 
 RETURN = r"""
@@ -93,6 +112,7 @@ def main():
     module = AnsibleModule(argument_spec=dict(
         path=dict(type="path", required=True),
         target=dict(type="path", required=True),
+        remove_older=dict(type="bool", default=True),
     ), supports_check_mode=True)
     path = module.params["path"].rstrip("/")
     target = module.params["target"].rstrip("/")
@@ -112,14 +132,17 @@ def main():
         module.fail_json(msg="%s is a file, neither a venv nor a link to one: move it away" % path)
     else:
         previous = None
-    if previous == new:
-        module.exit_json(changed=False, previous=previous, removed=[])
-
-    if not previous and os.path.islink(path + ".previous"):
+    if (not previous or previous == new) and os.path.islink(path + ".previous"):
         previous_kept = os.path.basename(os.readlink(path + ".previous"))
     else:
         previous_kept = previous
-    removed = list(_stale_venvs(path, {new, previous_kept}))
+    removed = list(_stale_venvs(path, {new, previous_kept})) if module.params["remove_older"] else []
+    if previous == new:
+        if not module.check_mode:
+            for stale in removed:
+                shutil.rmtree(stale)
+        module.exit_json(changed=bool(removed), previous=previous, removed=removed)
+
     if not module.check_mode:
         if in_place:
             os.rename(path, os.path.join(parent, previous))

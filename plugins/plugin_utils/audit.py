@@ -53,9 +53,12 @@ def _package(package):
 
 
 def audit_report(gathered, host, facts=None, health=None, access=None, bundle=None, expected=None, orid=None,
-                 generated=None):
+                 generated=None, instances=None):
     """One host's report: a dict of plain values (see docs/operations.md, "Audit")."""
     facts, health, expected = facts or {}, health or {}, expected or {}
+    # The instances that run the Python a model directory ships (vLLM's --trust-remote-code): a service's opt-in.
+    remote_code = [{"unit": i.get("unit"), "model": i.get("model"), "model_dir": i.get("model_dir")}
+                   for i in instances or [] if i.get("trust_remote_code")]
     drift, problems = [], []
 
     cards = facts.get("card_count")
@@ -103,8 +106,8 @@ def audit_report(gathered, host, facts=None, health=None, access=None, bundle=No
     by_ref = dict((i["ref"], i["config_digest"]) for i in images)
     for c in gathered.get("containers") or []:
         if c.get("image_id") and by_ref.get(c.get("image")) and c["image_id"] != by_ref[c["image"]]:
-            drift.append("container %s runs an older %s (%s; the engine's is %s) - run rolling_restart.yml" % (
-                c["name"], c["image"], c["image_id"], by_ref[c["image"]]))
+            drift.append("container %s runs an older %s (%s; the engine's is %s) - serving.yml restarts it on the "
+                         "loaded one" % (c["name"], c["image"], c["image_id"], by_ref[c["image"]]))
 
     models = gathered.get("models") or []
     for m in models:
@@ -132,7 +135,8 @@ def audit_report(gathered, host, facts=None, health=None, access=None, bundle=No
         "healthy": healthy, "cards": {"found": cards, "expected": expected.get("cards") or None,
                                       "source": facts.get("source")},
         "driver": driver, "dtk": dtk, "hyhal": hyhal, "images": images,
-        "containers": gathered.get("containers") or [], "models": models, "proxy": gathered.get("proxy") or {},
+        "containers": gathered.get("containers") or [], "models": models, "remote_code": remote_code,
+        "proxy": gathered.get("proxy") or {},
         "units": units, "device_access": users,
         "requests": [dict((k, r.get(k)) for k in ("model", "api", "status", "backend", "latency_s"))
                      for r in health.get("requests") or []],
@@ -259,6 +263,10 @@ def audit_markdown(report):
     out += _table(["directory", "size (bytes)", "files", "config.json sha256", "weight index", "content sha256"], [
         (m["path"], m["size_bytes"], m["files"], m["config_sha256"], m["index"], m["content_sha256"])
         for m in r["models"]], "Model")
+    remote = r.get("remote_code") or []
+    out += ["Code from the model directory (trust_remote_code): %s." % (
+        "; ".join("%s runs %s's, %s" % (_cell(c["unit"]), _cell(c["model"]), _cell(c["model_dir"])) for c in remote)
+        if remote else "none runs"), ""]
     out += ["## Proxy", "", "dcu-serving %s; %s sha256 %s." % (_cell(p.get("version")), _cell(p.get("config")),
                                                                _cell(p.get("config_sha256"))), ""]
     out += _table(["unit", "state", "systemd", "restarts"], [

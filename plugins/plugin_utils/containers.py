@@ -29,8 +29,14 @@ def vllm_device_nodes(stat_lines):
     return nodes
 
 
+# What an instance with tensor parallelism needs besides the devices: its workers share GPU buffers, and a worker
+# takes another's file descriptor with pidfd_getfd(2), a ptrace access check that Docker passes only with
+# CAP_SYS_PTRACE (docs/field-evidence.md C10).
+TENSOR_PARALLEL_CAPABILITIES = ("SYS_PTRACE",)
+
+
 def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_pinning=False,
-                     container_options=(), hyhal_dir="/opt/hyhal", dtk_dir=""):
+                     container_options=(), hyhal_dir="/opt/hyhal", dtk_dir="", capabilities=None, pids_limit=0):
     """Each instance's `docker run` options: {instance name: [option, ...]}.
 
     instances: vllm_services; nodes: {path: {gid, group}} (dcu_facts' device_nodes). Every container gets /dev/kfd (and
@@ -41,8 +47,12 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     /dev/dri and HIP_VISIBLE_DEVICES. The model directory is mounted read-only. Runtime `image` (Hygon's recipe: the
     image's own DTK, the host's hyhal) mounts hyhal at /opt/hyhal (where images look for it, whatever the host
     calls it), read-only; runtime `host` also mounts the host's DTK over the image's; runtime `bundled` mounts
-    nothing of the host's. numa_pinning pins an instance to its NUMA node's CPUs and memory when its CPU list is
-    known. container_options come last.
+    nothing of the host's. An instance with placement `cpu` gets no DCU device or group (and `--cpus` from its
+    cpu_limit). numa_pinning pins an instance to its NUMA node's CPUs and memory when its CPU list is
+    known. capabilities (a list: those the inventory adds): every default capability dropped, no new privileges,
+    and only these - plus SYS_PTRACE for an instance with tensor parallelism - added back; None leaves Docker's
+    defaults. pids_limit caps the tasks of a container (0: none); an instance's memory_max caps its memory.
+    container_options come last.
     """
     if device_isolation not in ("card", "visible_devices"):
         raise AnsibleFilterError("vllm_run_options: device_isolation must be card or visible_devices, got {!r}".format(
@@ -54,7 +64,10 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
     for instance in instances:
         names = instance.get("env", env if env is not None else ())
         names = sorted(set(["VLLM_PORT", *names]), key=lambda name: name.lower())
-        if device_isolation == "card":
+        if instance.get("placement") == "cpu":
+            # On the host's processors: no DCU node, no device group, no HIP_VISIBLE_DEVICES; its own CPU share.
+            devices = ["--cpus={}".format(instance["cpu_limit"])] if instance.get("cpu_limit") else []
+        elif device_isolation == "card":
             devices = ["--device={}".format(node) for node in
                        instance.get("card_nodes", [instance.get("card_node")])
                        + instance.get("render_nodes", [instance.get("render_node")]) if node]
@@ -71,8 +84,20 @@ def vllm_run_options(instances, nodes, env=None, device_isolation="card", numa_p
         numa = []
         if numa_pinning and instance.get("cpus") and instance.get("numa_node") is not None:
             numa = ["--cpuset-cpus={}".format(instance["cpus"]), "--cpuset-mems={}".format(instance["numa_node"])]
+        walls = []
+        if capabilities is not None:
+            added = set(str(c).upper().replace("CAP_", "", 1) for c in capabilities)
+            if int(instance.get("tensor_parallel") or 1) > 1:
+                added.update(TENSOR_PARALLEL_CAPABILITIES)
+            walls = (["--cap-drop=ALL"] + ["--cap-add={}".format(c) for c in sorted(added)]
+                     + ["--security-opt=no-new-privileges"])
+        if int(pids_limit or 0) > 0:
+            walls.append("--pids-limit={}".format(int(pids_limit)))
+        if instance.get("memory_max"):
+            walls.append("--memory={}".format(instance["memory_max"]))
         key = instance.get("name", instance.get("card"))
-        options[key] = (devices + shared + ["--env={}".format(name) for name in names] + mounts + numa
+        options[key] = (devices + (shared if instance.get("placement") != "cpu" else [])
+                        + ["--env={}".format(name) for name in names] + mounts + numa + walls
                         + list(container_options or []))
     return options
 
@@ -153,6 +178,8 @@ def vllm_image_problems(instances, images, driver_version, dtk_version, check_dt
         if key in seen:
             continue
         seen.add(key)
+        if instance.get("placement") == "cpu":
+            continue  # a CPU build of vLLM: no DCU runtime to match, none of the host's mounted
         image = (images or {}).get(instance.get("image")) or {}
         who = "service {} (image {})".format(instance.get("service") or instance.get("model"), instance.get("image"))
         runtime = instance.get("runtime", "image")

@@ -52,9 +52,12 @@ def caller_keys(callers):
              "rpm": caller.get("rpm"), "concurrent": caller.get("concurrent")} for caller in callers or []]
 
 
-def deployment_ids(hosts):
-    """LiteLLM's id of each deployment, `<host>/<model>`, in the order of dcu_gateway_hosts."""
-    return ["{}/{}".format(host["name"], model) for host in hosts or [] for model in host.get("models") or []]
+def deployment_ids(config):
+    """LiteLLM's id of each deployment the gateway's config holds (`<host>/<model>`, gateway_config's
+    model_info.id), in its order: what the gateway reaches, read on the gateway itself, so a play limited to the
+    gateway needs nothing of the serving hosts."""
+    return [str(((entry or {}).get("model_info") or {}).get("id")) for entry in (config or {}).get("model_list") or []
+            if ((entry or {}).get("model_info") or {}).get("id")]
 
 
 def _error(bad):

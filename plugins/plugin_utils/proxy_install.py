@@ -8,11 +8,14 @@
 - wheel_requires_python: the Requires-Python of a wheel (its METADATA), from the wheel's bytes.
 - proxy_requirements: the hash-pinned requirements of exactly what pip resolved for dcu-serving[proxy]
   (its install report), with the SHA-256 sums of index.json.
+- venv_build_dir: where a bundle's venv is built beside the running one, never over a venv in use (dcu_proxy,
+  dcu_gateway).
 """
 
 import base64
 import binascii
 import io
+import posixpath
 import re
 import zipfile
 from email.parser import HeaderParser
@@ -137,3 +140,22 @@ def _same_version(a, b):
         return Version(str(a)) == Version(str(b))
     except (InvalidVersion, TypeError):
         return str(a) == str(b)
+
+
+def venv_build_dir(path, digest, current=None, previous=None, current_digest=None, previous_digest=None):
+    """Where the venv a bundle makes (`digest`, of its wheels and Python) lives: `<path>-<digest[:12]>` beside
+    the venv path `path` (a symlink, dcu.serving.venv_link).
+
+    It is the venv the link names now (`current`) or the previous one (`previous`, a switch back needs no build)
+    when that venv's marker says it was built from `digest` (`current_digest`, `previous_digest`). Otherwise it is
+    never either of them: a build begins by removing its directory, and a service runs from one of them - a marker
+    that cannot be read must not cost the running venv. Then `<path>-<digest[:12]>-2` (or `-3`), a fresh directory.
+    """
+    parent, name = posixpath.split(path.rstrip("/"))
+    current, previous = [posixpath.basename((link or "").rstrip("/")) for link in (current, previous)]
+    for venv, marker in ((current, current_digest), (previous, previous_digest)):
+        if venv and (marker or "").strip() == digest:
+            return posixpath.join(parent, venv)
+    base = "%s-%s" % (name, digest[:12])
+    free = next(candidate for candidate in (base, base + "-2", base + "-3") if candidate not in (current, previous))
+    return posixpath.join(parent, free)

@@ -1,9 +1,10 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, each
-on the cards it is given) expanded into vLLM instances with their `vllm serve` arguments; the refusals that
-must come before anything starts (cards, ports, names, NUMA); the environment the instances' env files carry.
+"""Model services on one host: the inventory's services (chat, vision, embedding, rerank, transcription, speech,
+each on the cards it is given, or on the CPU) expanded into vLLM instances with their `vllm serve` arguments; the
+refusals that must come before anything starts (cards, ports, names, NUMA); the environment the instances' env
+files carry.
 (Each model's config.json and the VRAM budget per card: vram.py; the containers' options: containers.py.)
 
 vllm_services() is the one list of a host's vLLM instances: the units, the proxy's pools and the checks derive
@@ -20,7 +21,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.dcu.serving.plugins.module_utils import host_kernel, hysmi
 from ansible_collections.dcu.serving.plugins.plugin_utils import quirks
 
-KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription", "speech")
+PLACEMENTS = ("dcu", "cpu")
+# A CPU instance's ports: after every card's (base_port + card), and its internal range after every card's.
+CPU_PORT_OFFSET = 64
 # What a service's container takes from the host: `image` - Hygon's recipe, the image's own DTK with the host's hyhal
 # mounted (the default); `host` - the host's DTK mounted over the image's too; `bundled` - nothing of the host's.
 RUNTIMES = ("image", "host", "bundled")
@@ -41,6 +45,9 @@ PCIE_TP_ENV = {"HSA_FORCE_FINE_GRAIN_PCIE": "1"}
 # accepts the older `--task embed|score` with a deprecation warning (removed in 0.13): set `task` on a
 # service whose image runs vLLM < 0.10.1.
 _DEFAULT_RUNNER = {"embedding": "pooling", "rerank": "pooling"}
+# Speech synthesis (CosyVoice3, Qwen3-TTS) is served by vLLM-Omni: `vllm serve MODEL --omni` answers
+# /v1/audio/speech with audio (docs.vllm.ai/projects/vllm-omni, serving/speech_api).
+_KIND_ARGS = {"speech": ["--omni"]}
 _CHAT_KINDS = ("chat", "vision")
 
 
@@ -99,6 +106,32 @@ def _as_bool(value):
     return bool(value)
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)\s*$")
+_SIZE_UNITS = "KMGT"
+
+
+def memory_bytes(size):
+    """48G -> 51539607552 (K, M, G, T: powers of 1024, as systemd and Docker read them); None when it is no size."""
+    match = _SIZE.match(str(size)) if not isinstance(size, bool) else None
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * 1024 ** (_SIZE_UNITS.index(match.group(2)) + 1 if match.group(2) else 0)
+
+
+def memory_size(count):
+    """51539607552 -> 48G: the largest unit that divides it, as systemd's MemoryMax= and Docker's --memory read it."""
+    for power in range(len(_SIZE_UNITS), 0, -1):
+        if count % 1024 ** power == 0:
+            return "{}{}".format(count // 1024 ** power, _SIZE_UNITS[power - 1])
+    return str(count)
+
+
+def largest_memory(instances):
+    """The largest memory_max of the instances ('' when none has one): the host runtime's one MemoryMax=."""
+    sizes = [i.get("memory_max") for i in instances or [] if i.get("memory_max")]
+    return max(sizes, key=memory_bytes) if sizes else ""
+
+
 def _pick(service, defaults, key, fallback=None):
     value = service.get(key)
     if value is None:
@@ -135,7 +168,7 @@ def _serve_args(spec):
     args += spec["models"]
     for flag, key in (("--max-num-seqs", "max_num_seqs"), ("--max-model-len", "max_model_len"),
                       ("--gpu-memory-utilization", "gpu_memory_utilization")):
-        if spec[key] is not None:
+        if spec[key] is not None and not (key == "gpu_memory_utilization" and spec["placement"] == "cpu"):
             args += [flag, _number_text(spec[key])]
     if spec["limit_mm_per_prompt"]:
         args += ["--limit-mm-per-prompt", json.dumps(spec["limit_mm_per_prompt"], separators=(",", ":"),
@@ -159,6 +192,7 @@ def _serve_args(spec):
             args += ["--runner", spec["runner"]]
         if spec["convert"]:
             args += ["--convert", spec["convert"]]
+    args += _KIND_ARGS.get(spec["kind"], [])
     if spec["tool_call_parser"]:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", spec["tool_call_parser"]]
     if spec["chat_template"]:
@@ -173,6 +207,11 @@ def _service_spec(service, defaults, label, problems):
         problems.append("{}: kind {!r} is not one of {}".format(label, kind, ", ".join(KINDS)))
         return None
     spec = {"kind": kind, "models": _models(service, label, problems)}
+    spec["placement"] = service.get("placement") or "dcu"
+    if spec["placement"] not in PLACEMENTS:
+        problems.append("{}: placement {!r} is not dcu (its cards) or cpu (no card: the host's processors, a CPU "
+                        "build of vLLM)".format(label, spec["placement"]))
+        spec["placement"] = "dcu"
     model_dir = service.get("model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/") or not _WORD.match(model_dir):
         problems.append("{}: model_dir must be an absolute path without spaces (the model directory on the "
@@ -229,6 +268,12 @@ def _service_spec(service, defaults, label, problems):
             problems.append("{}: {} is for chat and vision models, not {}".format(label, key, kind))
             spec[key] = None
     spec["trust_remote_code"] = _as_bool(_pick(service, defaults, "trust_remote_code", False))
+    spec["memory_per_card"] = _pick(service, defaults, "memory_per_card", "")
+    if spec["memory_per_card"] not in ("", None) and memory_bytes(spec["memory_per_card"]) is None:
+        problems.append("{}: memory_per_card is the host memory an instance may use per card it serves, a size "
+                        "such as 48G (K, M, G, T: powers of 1024), or empty for no limit, got {!r}".format(
+                            label, spec["memory_per_card"]))
+        spec["memory_per_card"] = ""
     extra = _pick(service, defaults, "extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, (str, int, float)) for a in extra):
         problems.append("{}: extra_args must be a list of arguments, one per item, got {!r}".format(label, extra))
@@ -237,12 +282,31 @@ def _service_spec(service, defaults, label, problems):
     env = dict(defaults.get("env") or {})
     env.update(service.get("env") or {})
     problems += ["{}: env: {}".format(label, p) for p in env_file_problems(env)]
+    if spec["placement"] == "cpu":
+        # vLLM's CPU backend sizes its KV cache from this (GiB), not from a card's memory.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(_pick(service, defaults, "cpu_kv_cache_space", 4)))
     spec["env"] = {str(k): str(v) for k, v in env.items()}
     spec["start_grace"] = _as_int(_pick(service, defaults, "start_grace"), "start_grace", problems, label)
     spec["allow_cross_numa"] = _as_bool(service.get("allow_cross_numa", False))
     spec["disable_custom_all_reduce"] = service.get("disable_custom_all_reduce")
     spec["quirks_wanted"] = service.get("quirks", True)
     problems += quirks.quirk_problems(spec["quirks_wanted"], label)
+    spec["cpu_limit"] = None
+    if spec["placement"] == "cpu":
+        limit = service.get("cpu_limit")
+        if limit is not None:
+            try:
+                limit = float(limit)
+                if limit <= 0:
+                    raise ValueError
+                spec["cpu_limit"] = _number_text(int(limit) if limit == int(limit) else limit)
+            except (TypeError, ValueError):
+                problems.append("{}: cpu_limit is the processors the instance may use (docker --cpus), e.g. 8, "
+                                "got {!r}".format(label, limit))
+        if service.get("runtime") in ("host", "image"):
+            problems.append("{}: runtime {} mounts the host's DCU runtime, which a CPU instance does not use: "
+                            "leave runtime out".format(label, service["runtime"]))
+        spec["runtime"] = "bundled"  # nothing of the host's DCU runtime is mounted
     return spec
 
 
@@ -283,6 +347,7 @@ def _expand(services, cards, defaults):
         cpulists[int(node)] = cpus
 
     names = {}
+    cpu_instances = []
     owners = {}  # card -> [service labels]
     served = {}  # model name -> [service labels]
     instances = []
@@ -308,6 +373,15 @@ def _expand(services, cards, defaults):
             if names[name] == 2:
                 problems.append("{}: another service has this name: rename one".format(label))
         spec = _service_spec(service, defaults, label, problems)
+        if spec is not None and spec["placement"] == "cpu":
+            # On the CPU the cards are not used (they may stay listed: `placement: dcu` moves it back to them).
+            for model in spec["models"]:
+                served.setdefault(model, []).append(label)
+            replicas = _as_int(service.get("replicas", 1), "replicas", problems, label)
+            for replica in range(replicas or 0):
+                cpu_instances.append(_cpu_instance(spec, name, replica, len(cpu_instances), base_port, internal_base,
+                                                   stride, client_host))
+            continue
         indexes = _cards_of(service, label, problems)
         for index in indexes:
             owners.setdefault(index, [])
@@ -347,6 +421,7 @@ def _expand(services, cards, defaults):
             problems.append("model name {} is served by {}: the proxy routes each name to one service; rename "
                             "it in all but one (models)".format(model, " and ".join(served[model])))
     instances.sort(key=lambda i: i["cards"][0])
+    instances += cpu_instances
     _port_problems(instances, problems)
     return instances, problems
 
@@ -404,6 +479,8 @@ def _instance(service, spec, label, name, replica, group, tp, host_cards, base_p
         "internal_port": internal_port,
         "internal_port_stride": stride,
         "max_images": limit.get("image") if limit else None,
+        # its host memory: per card, times its cards ('' without a limit)
+        "memory_max": memory_size(memory_bytes(spec["memory_per_card"]) * tp) if spec["memory_per_card"] else "",
     })
     if tp > 1 and link != "hlink":
         instance["env"] = dict(PCIE_TP_ENV, **instance["env"])  # the service's own env wins
@@ -424,6 +501,26 @@ def _apply_quirks(instance):
         instance["quirks"].append(quirk["id"])
         instance["quirk_args"] += quirk["args"]
         instance["env"] = dict(quirk["env"], **instance["env"])
+
+
+def _cpu_instance(spec, name, replica, position, base_port, internal_base, stride, client_host):
+    """An instance on the host's processors: no card, no device, no DCU environment; ports after every card's."""
+    instance_name = "{}-{}".format(name, replica)
+    port = (base_port or 0) + CPU_PORT_OFFSET + position
+    instance = dict(spec)
+    instance.update({
+        "name": instance_name, "unit": "vllm@{}".format(instance_name), "container": "vllm-{}".format(instance_name),
+        "service": name, "replica": replica, "model": spec["models"][0] if spec["models"] else "",
+        "cards": [], "card": None, "tensor_parallel": 1, "card_nodes": [], "render_nodes": [], "pci_buses": [],
+        "card_node": None, "render_node": None, "pci_bus": None, "series": [], "interconnect": "none",
+        "disable_custom_all_reduce": False, "numa_nodes": [], "numa_node": None, "cpus": "", "visible_devices": "",
+        "port": port, "url": "http://{}:{}".format(client_host, port),
+        "internal_port": (internal_base or 0) + (CPU_PORT_OFFSET + position) * (stride or 0),
+        "internal_port_stride": stride, "max_images": spec["limit_mm_per_prompt"].get("image") or None,
+    })
+    _apply_quirks(instance)
+    instance["serve_args"] = _serve_args(instance)
+    return instance
 
 
 def _port_problems(instances, problems):

@@ -8,8 +8,11 @@ role exports. Every list here is built from exported facts, never from another r
 from urllib.parse import urlsplit
 
 from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 
 from ansible_collections.dcu.serving.plugins.module_utils.addresses import is_loopback, url_host
+
+display = Display()
 
 
 def proxy_backends(instances):
@@ -74,20 +77,25 @@ def prometheus_targets(hosts, hostvars, here):
     """The scrape targets per job, [{targets, labels}] as Prometheus' static_configs take them: every serving host's
     dcu-exporter, vLLM instances and dcu-proxy, at the addresses their roles export - the local ones when the host
     is `here` (Prometheus' own host), the public ones otherwise. Every target carries `host`, the vLLM instances
-    their `unit` (what to restart)."""
+    their `unit` (what to restart). A piece of another host that listens on loopback only (dcu-exporter's default)
+    is scraped at that host's address all the same - its target shows down, its alert fires - and a warning says
+    how to make it reachable."""
     jobs = {"dcu-exporter": [], "vllm": [], "dcu-proxy": []}
     for host in hosts or []:
         local = host == here
+        address = None if local else str(hostvars[host].get("ansible_host") or host)
         for job, role, fact in (("dcu-exporter", "dcu_monitoring", "dcu_monitoring_exporter_url"),
                                 ("dcu-proxy", "dcu_proxy", "dcu_proxy_url")):
             url = _exported(hostvars, host, fact if local else fact.replace("_url", "_public_url"), role, "exports")
+            target = _target(url)
             if not local and not reachable_url(url):
-                raise AnsibleFilterError(
-                    "{job} of {host} is {url}: it listens on loopback only, so Prometheus on {here} cannot scrape it; "
-                    "make it listen where {here} reaches it (e.g. {listen}: 0.0.0.0:PORT) or run Prometheus on "
-                    "{host}".format(job=job, host=host, url=url, here=here, listen=fact[:-len("_url")] + "_listen"))
-            jobs[job].append({"targets": [_target(url)], "labels": {"host": host}})
-        address = None if local else str(hostvars[host].get("ansible_host") or host)
+                target = "{}:{}".format(url_host(address), urlsplit(url).port)
+                display.warning(
+                    "{job} of {host} is {url}: it listens on loopback only, so Prometheus on {here} cannot scrape it "
+                    "at {target}; make it listen where {here} reaches it (e.g. {listen}: 0.0.0.0:PORT) or run "
+                    "Prometheus on {host}".format(job=job, host=host, url=url, here=here, target=target,
+                                                  listen=fact[:-len("_url")] + "_listen"))
+            jobs[job].append({"targets": [target], "labels": {"host": host}})
         for instance in _exported(hostvars, host, "dcu_vllm_instances", "dcu_vllm", "instances"):
             target = _target(instance["url"]) if local else "{}:{}".format(url_host(address), instance["port"])
             jobs["vllm"].append({"targets": [target], "labels": {"host": host, "unit": instance["unit"]}})

@@ -236,6 +236,13 @@ def vllm_vram_budget(instances, model_infos, cards, margin=None, card_count=None
     card_count = int(card_count or len(by_index) or 8)
     rows = []
     for instance in instances:
+        if instance.get("placement") == "cpu":
+            # On the host's processors: no VRAM to budget (its KV cache is VLLM_CPU_KVCACHE_SPACE of host memory).
+            rows.append({"service": instance.get("service"), "instance": instance.get("name"), "card": "cpu",
+                         "tp": 1, "weights_gib": None, "kv_gib": None, "margin_gib": None, "need_gib": None,
+                         "have_gib": None, "fits": True, "short_gib": 0.0, "starts": True, "advice": "",
+                         "assumed": [], "placement": "cpu"})
+            continue
         info, problem = _info_problem(instance, infos)
         for index in instance.get("cards") or []:
             card = by_index.get(int(index), {})
@@ -318,7 +325,8 @@ def _table(rows, margin, short):
         if row["fits"] is None:
             result = "unknown"
         else:
-            result = "fits" if row["fits"] else "short {:.2f}".format(row["short_gib"])
+            result = ("on CPU, no VRAM" if row.get("placement") == "cpu"
+                      else "fits" if row["fits"] else "short {:.2f}".format(row["short_gib"]))
         lines.append((str(row["service"] or "-"), str(row["instance"]), str(row["card"]), str(row["tp"]),
                       _gib_text(row["weights_gib"]), _gib_text(row["kv_gib"]), _gib_text(row["margin_gib"]),
                       _gib_text(row["need_gib"]), _gib_text(row["have_gib"]), result))

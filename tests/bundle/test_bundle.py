@@ -128,6 +128,24 @@ def test_manifest_mistakes_are_all_named():
     assert len(err.value.errors) == 4
 
 
+def test_a_manifest_file_outside_its_kinds_directory_is_refused():
+    """The bundle file a manifest names is where the build writes and a host stages: never outside the bundle."""
+    with pytest.raises(ManifestError) as err:
+        parse({"dcu_bundle_manifest": {"files": [
+            {"name": "rock", "kind": "driver", "version": "1", "src": "/x/rock.run", "sha256": "a" * 64,
+             "file": "../../root/.ssh/authorized_keys"},
+            {"name": "dtk", "kind": "dtk", "version": "1", "src": "/x/dtk.tar.gz", "sha256": "b" * 64,
+             "file": "/etc/profile.d/dtk.sh"},
+            {"name": "up", "kind": "dtk", "version": "1", "src": "http://mirror/dtk/..", "sha256": "c" * 64}]}})
+    errors = err.value.errors
+    assert errors == [
+        "dcu_bundle_manifest.files[0].file: '../../root/.ssh/authorized_keys' is not a plain path (an empty, . or .. "
+        "part)",
+        "dcu_bundle_manifest.files[1].file: '/etc/profile.d/dtk.sh' is an absolute path; give it relative to the "
+        "bundle (dtk/<name>)",
+        "dcu_bundle_manifest.files[2].file: 'dtk/..' is not a plain path (an empty, . or .. part)"]
+
+
 def test_a_debian_package_from_the_archive_lands_in_debs_under_its_own_name():
     """Debian's pool quotes a version's '+' and '~' in its URLs; the bundle keeps the package's real name."""
     m = parse({"dcu_bundle_manifest": {"files": [{

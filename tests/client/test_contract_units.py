@@ -12,6 +12,7 @@ from PIL import Image
 from dcu_serving.client import (
     BackendError,
     BadRequestError,
+    Result,
     ServiceTimeout,
     ServiceUnavailable,
     UnsupportedImageError,
@@ -125,6 +126,25 @@ def test_request_body_carries_the_contract():
     content = body["messages"][0]["content"]
     assert content[0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert content[-1] == {"type": "text", "text": "describe"}
+
+
+def test_a_result_reads_as_a_dict_too_but_not_writes():
+    """The design document's client returned a dict: r["answer"], r["finish_reason"], ... work on ours, read-only."""
+    r = Result(answer="two people", thinking="count them", finish_reason="length", backend="127.0.0.1:8005",
+               request_id="abc", orid="ORD-123", prompt_tokens=30, completion_tokens=64)
+    assert (r["answer"], r["finish_reason"], r["backend"], r["completion_tokens"]) == (
+        "two people", "length", "127.0.0.1:8005", 64)
+    assert r["truncated"] is True and r.get("latency_s") is None and "thinking" in r and "nonsense" not in r
+    assert dict(r) == r.to_dict() and list(r) == list(r.to_dict())
+    with pytest.raises(KeyError, match=r"Result has no key 'anwser'; its keys are answer, thinking, finish_reason"):
+        r["anwser"]
+    with pytest.raises(KeyError, match="Result has no key 0"):
+        r[0]
+    with pytest.raises(TypeError, match=r"Result is read-only: r\['answer'\] cannot be assigned; dict\(r\) is a copy"):
+        r["answer"] = "three people"
+    with pytest.raises(TypeError, match="read-only"):
+        del r["answer"]
+    assert r.answer == "two people"
 
 
 def test_at_most_nine_images():

@@ -40,8 +40,15 @@ if args[:2] == ["image", "inspect"]:
         labels = state.get("labels", {}).get(ref, {})
         print(json.dumps([{"Id": state["images"][ref], "RepoTags": [ref], "Config": {"Labels": labels}}], indent=4))
         sys.exit(0)
+    if ref in state.get("dangling", []) or ref in state["images"].values():  # by ID
+        tags = [tag for tag, image_id in state["images"].items() if image_id == ref]
+        print(json.dumps([{"Id": ref, "RepoTags": tags, "Config": {"Labels": {}}}], indent=4))
+        sys.exit(0)
     print("Error response from daemon: No such image: " + ref, file=sys.stderr)
     sys.exit(1)
+if args == ["image", "ls", "--filter", "dangling=true", "--no-trunc", "--quiet"]:
+    print("\\n".join(state.get("dangling", [])))
+    sys.exit(0)
 if args[:1] == ["info"]:
     print(state["docker_root"])
     sys.exit(0)
@@ -162,7 +169,7 @@ class DoctorHost:
         unit_dir.mkdir(parents=True, exist_ok=True)
         (unit_dir / "vllm@.service").write_text(
             "[Service]\nExecStart=/usr/bin/docker run --rm --name=vllm-%i --network=host --shm-size=16g "
-            "$DCU_VLLM_RUN_OPTIONS ${DCU_VLLM_IMAGE} \\\n"
+            "--label=dcu-serving.image=${DCU_VLLM_IMAGE} $DCU_VLLM_RUN_OPTIONS ${DCU_VLLM_IMAGE_ID} \\\n"
             "  vllm serve ${DCU_VLLM_MODEL_DIR} --host 127.0.0.1 --port ${DCU_VLLM_PORT} $DCU_VLLM_SERVE_ARGS\n")
         started = []
         for index in range(self.cards if count is None else count):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from doctor.doctorhost import IMAGE, SRC, DoctorHost, of
+from doctor.doctorhost import IMAGE, IMAGE_ID, SRC, DoctorHost, of
 
 from dcu_serving.doctor.checks import CHECKS
 
@@ -29,7 +29,7 @@ def test_a_converged_serving_host_is_all_ok_in_the_issue_order(dcu_host: DoctorH
     assert [f["status"] for f in findings if f["status"] != "ok"] == [], findings
     checks = list(dict.fromkeys(f["check"] for f in findings))
     assert checks == ORDER == ["driver", "hymgr", "boot", "device nodes", "versions", "engine", "selinux", "kernel",
-                               "images", "units", "ports", "proxy", "disk", "shm"]
+                               "images", "units", "ports", "proxy", "data", "disk", "shm"]
     assert "hycu 6.3.30-V1.4.1a loaded; 2 card(s) bound of 2 expected" in of(findings, "driver")[0]["message"]
     assert "dcu-serving, dcu-batch open them through render, video" in of(findings, "device nodes")[0]["message"]
     assert "2/2 backends healthy" in of(findings, "proxy")[0]["message"]
@@ -175,12 +175,24 @@ def test_a_missing_image_fails_and_a_replaced_one_warns(dcu_host: DoctorHost):
     assert failure["message"].startswith(f"{IMAGE} (for vllm@0, vllm@1) is not in Docker: Error response")
     assert failure["fix"].startswith("playbooks/images.yml loads it from the bundle")
 
+    # The vendor re-released the tag: the units still run the old image by its ID (a rollback kept them on it).
     dcu_host.stubs["images"] = {IMAGE: "sha256:" + "cd" * 32}
+    dcu_host.stubs["dangling"] = [IMAGE_ID]
     dcu_host.save()
     rc, findings = dcu_host.findings()
     assert rc == 0
     [warning] = of(findings, "images", "warn")
-    assert "but vllm@0, vllm@1 were converged for sha256:abababab" in warning["message"]
+    assert "but vllm@0, vllm@1 run sha256:abababababab (by ID: a rollback keeps them on it)" in warning["message"]
+
+    # ...and then someone deleted the old image: the units cannot start again.
+    dcu_host.stubs["dangling"] = []
+    dcu_host.save()
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    [failure] = of(findings, "images", "fail")
+    assert failure["message"] == (f"vllm@0, vllm@1 run {IMAGE} by its ID sha256:abababababab, which Docker no longer "
+                                  "holds: their next start fails")
+    assert failure["fix"] == f"playbooks/serving.yml converges them on the {IMAGE} loaded now (sha256:cdcdcdcdcdcd)"
 
 
 def test_a_failed_unit_and_its_silent_port_are_named(dcu_host: DoctorHost):
@@ -225,7 +237,24 @@ def test_too_little_free_disk_fails_with_the_bound(dcu_host: DoctorHost):
     rc, findings = dcu_host.findings("--min-free-gib", "1000000")
     assert rc == 1
     failure = of(findings, "disk", "fail")[0]
-    assert "(at least 1e+06 GiB wanted" in failure["message"] and "docker image prune" in failure["fix"]
+    assert "(at least 1e+06 GiB wanted" in failure["message"]
+    assert failure["fix"].startswith("no untagged image is left over; remove old bundles under ")
+
+
+def test_the_disk_fix_never_removes_an_image_a_unit_runs_or_rolls_back_to(dcu_host: DoctorHost):
+    """A same-tag re-release left the image the units run by ID untagged: `docker image prune` would delete it.
+    The fix names only the untagged images no unit runs or rolls back to."""
+    dcu_host.with_instances()
+    leftover = "sha256:" + "ef" * 32
+    dcu_host.stubs["images"] = {IMAGE: "sha256:" + "cd" * 32}
+    dcu_host.stubs["dangling"] = [IMAGE_ID, leftover]
+    dcu_host.save()
+    rc, findings = dcu_host.findings("--min-free-gib", "1000000")
+    assert rc == 1
+    fix = of(findings, "disk", "fail")[0]["fix"]
+    assert fix.startswith("docker image rm efefefefefef (not docker image prune: it would delete abababababab, "
+                          "which vLLM units run or roll back to); remove old bundles"), fix
+    assert "ababab" not in fix.split("(")[0]
 
 
 def test_more_container_shm_than_memory_warns(dcu_host: DoctorHost):
@@ -373,3 +402,19 @@ def test_tensor_parallel_over_pcie_warns_about_the_kernel_and_a_bw_host_needs_it
     [found] = of(findings, "kernel", "fail")
     assert found["message"] == "vm.max_map_count is 65530 on a BW host; inference there needs 262144 or more"
     assert not of(findings, "kernel", "warn"), "BW1100 modules are OAM: no PCIe peer-to-peer to warn about"
+
+
+def test_a_stopped_etcd_is_named_as_milvus_metadata_store(dcu_host: DoctorHost):
+    units = dcu_host.etc / "systemd" / "system"
+    units.mkdir(parents=True, exist_ok=True)
+    for unit in ("dcu-etcd", "dcu-milvus"):
+        (units / f"{unit}.service").write_text("[Service]\n")
+        dcu_host.unit(unit, "active")
+    dcu_host.unit("dcu-etcd", "inactive")
+    rc, findings = dcu_host.findings()
+    assert rc == 1
+    [data] = of(findings, "data", "fail")
+    assert data["message"] == "dcu-etcd is inactive (Milvus' metadata store: Milvus cannot serve without it)"
+    assert "systemctl start dcu-etcd" in data["fix"]
+    dcu_host.unit("dcu-etcd", "active")
+    assert of(dcu_host.findings()[1], "data", "ok")[0]["message"] == "dcu-etcd, dcu-milvus active"

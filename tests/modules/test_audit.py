@@ -24,6 +24,7 @@ from ansible_collections.dcu.serving.plugins.plugin_utils.audit import (
 DRIVER_SUM, DTK_SUM, IMAGE_SUM = "71" * 32, "68" * 32, "25" * 32
 VLLM = "dcu-serving/vllm-sim:0.11.0"
 DIGEST = "sha256:" + "4b" * 32
+OLD_DIGEST = "sha256:" + "3a" * 32
 BUNDLE = {"format": 1, "artifacts": [
     {"name": "rock", "kind": "driver", "version": "6.3.30-V1.4.1a", "file": "driver/rock-6.3.30-V1.4.1a.run",
      "sha256": DRIVER_SUM},
@@ -74,7 +75,10 @@ def host(tmp_path):
     engine = tmp_path / "docker"
     engine.write_text(FAKE_ENGINE.format(python=sys.executable, known={
         VLLM: {"Id": DIGEST, "RepoTags": [VLLM]},
-        "vllm-0": {"Name": "/vllm-0", "Image": DIGEST, "Config": {"Image": VLLM}, "State": {"Running": True}}}))
+        "vllm-0": {"Name": "/vllm-0", "Image": DIGEST, "Config": {"Image": VLLM}, "State": {"Running": True}},
+        # as vllm@.service starts it: by the image's ID, the tag in a label; the tag was re-released since
+        "vllm-1": {"Name": "/vllm-1", "Image": OLD_DIGEST, "State": {"Running": True},
+                   "Config": {"Image": OLD_DIGEST, "Labels": {"dcu-serving.image": VLLM, "vendor": "x"}}}}))
     engine.chmod(0o755)
     return tmp_path
 
@@ -153,6 +157,19 @@ def test_the_report_names_each_part_with_the_bundle_file_and_sum_it_came_from(mo
     assert f"| {VLLM} | {DIGEST} | images/dcu-serving_vllm-sim_0.11.0.tar.gz | {IMAGE_SUM} |" in md
 
 
+def test_the_report_names_each_instance_that_runs_code_from_its_model_directory(module_runner, host):
+    instances = [{"unit": "vllm@vision-0", "model": "MiniCPM-V-4.5", "model_dir": "/srv/models/MiniCPM-V-4.5",
+                  "trust_remote_code": True},
+                 {"unit": "vllm@embed-0", "model": "bge-m3", "model_dir": "/srv/models/bge-m3",
+                  "trust_remote_code": False}]
+    r = report(module_runner, host, instances=instances)
+    assert r["remote_code"] == [{"unit": "vllm@vision-0", "model": "MiniCPM-V-4.5",
+                                 "model_dir": "/srv/models/MiniCPM-V-4.5"}]
+    assert ("Code from the model directory (trust_remote_code): vllm@vision-0 runs MiniCPM-V-4.5's, "
+            "/srv/models/MiniCPM-V-4.5.") in audit_markdown(r)
+    assert "(trust_remote_code): none runs." in audit_markdown(report(module_runner, host))
+
+
 def test_a_standalone_hyhal_is_reported_from_its_marker(module_runner, host):
     (host / "hyhal" / ".info").mkdir()
     (host / "hyhal" / ".info" / "version").write_text("6.3.31\n")
@@ -177,6 +194,18 @@ def test_drift_from_the_bundle_and_the_inventory_is_listed(module_runner, host):
     assert "dtk: 26.04 installed, the inventory pins 25.04 (dcu_driver_dtk_version)" in drift
     assert f"image {VLLM}: the engine holds {DIGEST}, the bundle's images/dcu-serving_vllm-sim_0.11.0.tar.gz is " \
            f"sha256:{'99' * 32}" in drift
+
+
+def test_a_container_started_by_id_is_reported_by_its_tag_and_an_older_one_is_drift(module_runner, host):
+    got = gather(module_runner, host, containers=["vllm-1"])
+    assert got["containers"] == [{"name": "vllm-1", "image": VLLM, "image_id": OLD_DIGEST, "running": True}]
+    r = report(module_runner, host)
+    assert r["drift"] == []
+    r = audit_report(gather(module_runner, host, images=[VLLM], containers=["vllm-0", "vllm-1"]), "node",
+                     facts=FACTS, health=HEALTH, access=[], bundle=BUNDLE, expected=EXPECTED, orid="o",
+                     generated="2026-12-02T00:00:00Z")
+    assert r["drift"] == [f"container vllm-1 runs an older {VLLM} ({OLD_DIGEST}; the engine's is {DIGEST}) - "
+                          "serving.yml restarts it on the loaded one"]
 
 
 def test_failed_units_and_a_failed_check_are_problems(module_runner, host):

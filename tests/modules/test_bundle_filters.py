@@ -76,6 +76,9 @@ def test_the_roles_check_the_index_format_with_the_verifiers_own_words():
         '/b/index.json: expected {"format": 1, "artifacts": [...]}')
     bad = {"format": 1, "artifacts": [dict(good["artifacts"][0], kind="firmware")]}
     assert index_problem(bad, "/b/index.json").startswith("/b/index.json: artifacts[0].kind 'firmware' is not one of")
+    escape = {"format": 1, "artifacts": [dict(good["artifacts"][0], file="driver/../../../etc/cron.d/x")]}
+    assert index_problem(escape, "/b/index.json") == (
+        "/b/index.json: artifacts[0].file 'driver/../../../etc/cron.d/x' is not a plain path (an empty, . or .. part)")
 
 
 def test_debs_to_install_are_those_not_fully_installed_at_the_bundles_version():

@@ -3,6 +3,7 @@ module_utils/bundle_index.py, which `dcu-bundle verify` runs too: one verifier, 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def test_every_problem_is_reported_each_with_what_is_wrong(module_runner, bundle
     result = run(module_runner, bundle, tmp_path, strict=False)
     assert not result.get("failed") and result["ok"] is False
     details = {(p["problem"], p["file"]): p["detail"] for p in result["problems"]}
-    assert details[("missing", "dtk/DTK-1.0.tar.gz")] == "listed in index.json (driver DTK 1.0) but absent"
+    assert details[("missing", "dtk/DTK-1.0.tar.gz")] == "listed in index.json (dtk DTK 1.0) but absent"
     assert details[("size", "driver/rock-1.0.run")] == "expected 25 bytes, found 36"
     assert details[("mismatch", "images/vllm.tar")].startswith("expected sha256 ")
     assert details[("unlisted", "images/next.tar.part")] == "left by an interrupted build"
@@ -90,6 +91,27 @@ def test_an_unreadable_index_is_one_index_problem(module_runner, bundle, tmp_pat
     result = run(module_runner, bundle, tmp_path, strict=False)
     assert [p["problem"] for p in result["problems"]] == ["index"] and result["artifacts"] == []
     assert problem in result["problems"][0]["detail"]
+
+
+@pytest.mark.parametrize("file, kind, problem", [
+    ("../../../root/.ssh/authorized_keys", "driver", "is not a plain path (an empty, . or .. part)"),
+    ("driver/../../etc/profile.d/x.sh", "driver", "is not a plain path"),
+    ("/etc/profile.d/dtk.sh", "dtk", "is an absolute path; give it relative to the bundle (dtk/<name>)"),
+    ("driver//rock.run", "driver", "is not a plain path"),
+    ("index.json", "driver", "is not in driver/, the directory of kind driver"),
+    ("wheels/rock.run", "driver", "is not in driver/, the directory of kind driver"),
+    ("driver/rock.run\n0000  /etc/shadow", "driver", "holds a control character or a backslash"),
+    ("driver\\..\\..\\x", "driver", "holds a control character or a backslash"),
+])
+def test_an_index_entry_that_leaves_its_directory_is_refused_before_anything_is_read(
+        module_runner, bundle, tmp_path, file, kind, problem):
+    """index.json's file is joined to the bundle and to the host's staging directory, where root writes: an
+    entry that points elsewhere (or over index.json) makes the whole index unreadable, naming the entry."""
+    (bundle / "index.json").write_text(json.dumps({"format": 1, "artifacts": [
+        {"name": "x", "kind": kind, "version": "1", "file": file, "sha256": "0" * 64, "size": 1}]}))
+    result = run(module_runner, bundle, tmp_path, strict=False)
+    assert [p["problem"] for p in result["problems"]] == ["index"] and result["artifacts"] == []
+    assert f"artifacts[0].file {file!r} {problem}" in result["problems"][0]["detail"]
 
 
 def test_sums_are_cached_and_check_mode_writes_no_cache(module_runner, bundle, tmp_path):

@@ -174,6 +174,20 @@ def test_a_starting_unit_that_fails_ends_the_wait_when_it_fails(module_runner, h
     assert len(proxy.seen) == 3
 
 
+def test_a_drained_backend_whose_unit_starts_is_waited_for(module_runner, http_server, fake_systemd):
+    """A rolling restart at work: vllm@3 drained and restarting. It undrains once vllm@3 serves: wait."""
+    fake_systemd([{"vllm@3": ["activating", "start-post", "success", 0]}])
+    code, status = lb_status(8)
+    for backend in status["backends"]:
+        backend["draining"] = backend["url"].endswith(":8005")
+    proxy = http_server({"/__lb_status": (code, status)})
+    result = module_runner("cluster_health", {"url": proxy.url, "expected": 8, "timeout": 60, "interval": 0.1,
+                                              "report_every": 0.5, "units": UNITS})
+    assert not result.get("failed"), result
+    assert result["waiting"] == [result["waiting"][0], "7/8 healthy behind the proxy"], result["waiting"]
+    assert result["waiting"][0].startswith("vllm@3 activating (start-post)"), result["waiting"]
+
+
 def test_units_still_starting_at_the_timeout_are_named(module_runner, http_server, fake_systemd):
     fake_systemd([{"vllm@3": ["activating", "start-post", "success", 0]}])
     proxy = http_server({"/__lb_status": lb_status(7)})

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import json
 import os
 import stat
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from support import REPO
 
 
 def _files(tmp_path, **extra):
@@ -115,3 +124,104 @@ def test_a_relative_or_twice_listed_path_is_refused(tmp_path, module_runner):
     twice = _files(tmp_path)
     twice["files"].append(dict(twice["files"][0]))
     assert "listed twice" in module_runner("config_files", twice)["msg"]
+
+
+# --- how a file is written: its final mode before its first byte, on disk before the rename -----------------
+
+IN_MODIFY, IN_ATTRIB, IN_CREATE, IN_MOVED_TO = 0x2, 0x4, 0x100, 0x80
+
+
+def _inotify_events(directory: Path, action) -> list[tuple[str, int]]:
+    """(name, mask) of every event in `directory` while action() runs, in order (Linux inotify, through libc)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, bytes(directory), IN_MODIFY | IN_ATTRIB | IN_CREATE | IN_MOVED_TO) >= 0
+        action()
+        data = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    events, offset = [], 0
+    while offset < len(data):
+        _wd, mask, _cookie, length = struct.unpack_from("iIII", data, offset)
+        name = data[offset + 16:offset + 16 + length].rstrip(b"\0").decode()
+        events.append((name, mask))
+        offset += 16 + length
+    return events
+
+
+def test_a_new_secret_file_has_its_mode_before_its_first_byte_and_never_changes_it_in_place(tmp_path, module_runner):
+    """A new proxy.yml with the admin token: the temporary file is 0640 before the content goes in (a reader that
+    opened it while wider would keep reading), and the file at its path is never chmod-ed after the rename (that
+    was a window in which it was 0644)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    args = {"files": [{"path": str(etc / "proxy.yml"), "content": "admin_token: s3cret\n", "mode": "0640"}]}
+    events = _inotify_events(etc, lambda: module_runner("config_files", args))
+    assert stat.S_IMODE((etc / "proxy.yml").stat().st_mode) == 0o640
+    moved = [i for i, (name, mask) in enumerate(events) if name == "proxy.yml" and mask & IN_MOVED_TO]
+    assert len(moved) == 1, events
+    assert [e for e in events[moved[0] + 1:] if e[0] == "proxy.yml"] == [], f"changed after the rename: {events}"
+    temporary = [(name, mask) for name, mask in events if name.startswith(".proxy.yml.")]
+    first_write = next(i for i, (_name, mask) in enumerate(temporary) if mask & IN_MODIFY)
+    assert any(mask & IN_ATTRIB for _name, mask in temporary[:first_write]), f"written before its mode: {events}"
+
+
+def test_a_replaced_file_keeps_the_attributes_the_spec_leaves_out(tmp_path, module_runner):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    unit = etc / "x.service"
+    unit.write_text("old\n")
+    unit.chmod(0o604)
+    module_runner("config_files", {"files": [{"path": str(unit), "content": "new\n"}]})
+    assert unit.read_text() == "new\n" and stat.S_IMODE(unit.stat().st_mode) == 0o604
+    module_runner("config_files", {"files": [{"path": str(etc / "y.env"), "content": "Y=1\n"}]})
+    assert stat.S_IMODE((etc / "y.env").stat().st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# The module as Ansible runs it, a process of its own, with os.fsync and os.rename recording what they do.
+SPY = """
+import os, runpy, sys
+log = open(sys.argv[2], "a")
+fsync, rename = os.fsync, os.rename
+def spy_fsync(fd):
+    log.write("fsync %s\\n" % os.readlink("/proc/self/fd/%d" % fd)); log.flush()
+    return fsync(fd)
+def spy_rename(src, dst, *args, **kwargs):
+    log.write("rename %s %s\\n" % (os.fsdecode(src), os.fsdecode(dst))); log.flush()
+    return rename(src, dst, *args, **kwargs)
+os.fsync, os.rename = spy_fsync, spy_rename
+sys.argv = [sys.argv[1], sys.argv[3]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_content_is_on_disk_before_the_rename_and_the_rename_after_it(tmp_path):
+    etc = tmp_path / "etc"
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
+        "directories": [{"path": str(etc), "mode": "0755"}],
+        "files": [{"path": str(etc / "0.env"), "content": "DCU_VLLM_PORT=8002\n", "mode": "0644"}]}}))
+    log = tmp_path / "calls.log"
+    done = subprocess.run([sys.executable, "-c", SPY, str(REPO / "plugins/modules/config_files.py"), str(log),
+                           str(args)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO / ".collections")))
+    assert '"changed": true' in done.stdout, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    [rename] = [c for c in calls if c.startswith("rename ")]
+    temporary = rename.split()[1]
+    assert rename == f"rename {temporary} {etc / '0.env'}"
+    assert calls.index(f"fsync {temporary}") < calls.index(rename) < calls.index(f"fsync {etc}"), calls

@@ -149,3 +149,35 @@ def test_pips_offline_report_of_an_extra_gives_exactly_its_dependencies(tmp_path
               "file": "wheels/" + f.name} for f in files]
     assert [line.split(" ")[0] for line in proxy.proxy_requirements(out, index)] == [
         "app==1.0", "base-dep==2.0", "proxy-dep==3.0"]
+
+
+# --- where a bundle's venv is built: never over the venv a service runs from ----------------------------------
+
+DIGEST = "3f2a9c1b07de" + "5" * 52
+
+
+def test_a_bundles_venv_is_built_beside_the_running_one_and_the_running_one_is_kept_when_it_is_that_bundles():
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-0a1b2c3d4e5f") == \
+        "/opt/dcu-serving/venv-3f2a9c1b07de"
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST) == "/opt/dcu-serving/venv-3f2a9c1b07de"
+    # a -2 built after an unreadable marker, with its marker now: nothing to build, nothing to switch
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-3f2a9c1b07de-2",
+                                current_digest=DIGEST + "\n") == "/opt/dcu-serving/venv-3f2a9c1b07de-2"
+
+
+def test_a_running_venv_whose_marker_cannot_be_read_is_never_the_build_directory():
+    """The link names this bundle's venv but its marker is gone or unreadable: building there would begin by
+    removing the venv the service runs from. The build goes beside it."""
+    for marker in (None, "", "garbage"):
+        assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-3f2a9c1b07de",
+                                    current_digest=marker) == "/opt/dcu-serving/venv-3f2a9c1b07de-2"
+    # ... nor the previous venv when it is not this bundle's (a service not restarted yet runs from it): then -3
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv/", DIGEST, current="venv-3f2a9c1b07de-2",
+                                previous="/opt/dcu-serving/venv-3f2a9c1b07de") == "/opt/dcu-serving/venv-3f2a9c1b07de-3"
+
+
+def test_a_switch_back_to_the_previous_bundle_reuses_its_venv():
+    """The previous venv is this bundle's (a rollback to the bundle before): switched back to, not built again."""
+    assert proxy.venv_build_dir("/opt/dcu-serving/venv", DIGEST, current="venv-0a1b2c3d4e5f", current_digest="0" * 64,
+                                previous="venv-3f2a9c1b07de", previous_digest=DIGEST) == \
+        "/opt/dcu-serving/venv-3f2a9c1b07de"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ansible_collections.dcu.serving.plugins.module_utils.gateway_config import gateway_config
 from ansible_collections.dcu.serving.plugins.plugin_utils.bundle_stage import bundle_changes
 from ansible_collections.dcu.serving.plugins.plugin_utils.containers import (
     image_inspect_commands,
@@ -61,8 +62,10 @@ def test_the_keys_file_holds_each_keys_sum_not_the_key():
 
 
 def test_deployments_and_what_their_probes_found():
-    hosts = [{"name": "node-a", "models": ["m", "bge"]}, {"name": "node-b", "models": ["m"]}]
-    assert deployment_ids(hosts) == ["node-a/m", "node-a/bge", "node-b/m"]
+    hosts = [{"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m", "bge"]},
+             {"name": "node-b", "url": "http://10.0.0.12:9000", "models": ["m"]}]
+    assert deployment_ids(gateway_config(hosts)) == ["node-a/m", "node-a/bge", "node-b/m"]
+    assert deployment_ids({}) == []
     trace = "Connection refused" + " x" * 200 + " stack trace: Traceback ..."
     results = [
         {"__dcu_gateway_id": "node-a/m", "json": {"healthy_count": 1}},

@@ -39,3 +39,17 @@ def test_a_server_that_is_not_there_is_named_with_the_refused_connection(module_
     result = module_runner("service_request", {"url": sim.url, "model": MODEL, "timeout": 5})
     assert result.get("failed") and result["status"] is None, result
     assert "no answer (" in result["msg"] and "refused" in result["msg"], result["msg"]
+
+
+def test_a_speech_service_must_answer_audio(module_runner, start_sim):
+    """The canary of a TTS service asks for one sentence and wants WAV bytes back; a chat model's 200 with vLLM's
+    'does not support' envelope is no audio, and is refused."""
+    tts = start_sim("--omni", *FAST_SIM, served_model_name="CosyVoice3-0.5B",
+                    model_config={"architectures": ["CosyVoice3ForConditionalGeneration"]})
+    result = module_runner("service_request", {"url": tts.url, "kind": "speech", "model": "CosyVoice3-0.5B",
+                                               "orid": "canary-tts"})
+    assert not result.get("failed"), result
+    assert (result["api"], result["status"]) == ("speech", 200)
+    chat = start_sim(*FAST_SIM, served_model_name=MODEL)
+    refused = module_runner("service_request", {"url": chat.url, "kind": "speech", "model": MODEL, "orid": "c"})
+    assert refused.get("failed") and "Speech API" in refused["msg"], refused

@@ -182,7 +182,7 @@ def test_names_kinds_and_models_are_checked():
     assert problems == [
         "service Chat Bot: the name must be one word of a-z, 0-9 and '-', at most 40 characters, not starting or "
         "ending with '-' (it names units vllm@<name>-<n> and containers), got 'Chat Bot'",
-        "service vision: kind 'image' is not one of chat, vision, embedding, rerank, transcription",
+        "service vision: kind 'image' is not one of chat, vision, embedding, rerank, transcription, speech",
         "service rerank (#4): another service has this name: rename one",
         "service rerank (#4): served model names are one word each (clients send them as `model`), got "
         "'my reranker'",

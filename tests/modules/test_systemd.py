@@ -66,6 +66,16 @@ def test_each_version_gets_what_it_knows(version, present, absent):
     assert all(name in directives for name in present) and not any(name in directives for name in absent)
 
 
+def test_memory_and_tasks_limits_take_their_older_spelling_or_go():
+    """MemoryMax= is MemoryLimit= before 231 (CentOS 7.6's 219 caps the memory all the same); TasksMax= came in 227."""
+    unit = "[Service]\nMemoryMax=96G\nTasksMax=8192\nPrivateMounts=yes\nIPAddressDeny=any\n"
+    assert _directives(systemd_compatible(unit, 219)) == {"MemoryLimit": ["96G"]}
+    assert _directives(systemd_compatible(unit, 231)) == {"MemoryMax": ["96G"], "TasksMax": ["8192"]}
+    assert _directives(systemd_compatible(unit, 235)) == {"MemoryMax": ["96G"], "TasksMax": ["8192"],
+                                                           "IPAddressDeny": ["any"]}
+    assert systemd_compatible(unit, 239) == unit
+
+
 def test_the_start_limit_moves_back_to_service_before_230():
     unit = "[Unit]\nStartLimitIntervalSec=1800\nStartLimitBurst=5\n\n[Service]\nType=simple\n"
     old = systemd_compatible(unit, 219)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.dcu.serving.plugins.plugin_utils import topology
 from ansible_collections.dcu.serving.plugins.plugin_utils.topology import (
     gateway_hosts,
     prometheus_expected_cards,
@@ -54,11 +55,17 @@ def test_prometheus_scrapes_its_own_host_on_loopback_and_the_others_where_they_l
     assert prometheus_expected_cards(["node-a", "node-b"], HOSTVARS) == {"node-a": 2, "node-b": 1}
 
 
-def test_an_exporter_on_loopback_of_another_host_is_refused_naming_its_variable():
-    with pytest.raises(AnsibleFilterError, match=r"dcu-exporter of node-a is http://127.0.0.1:9400: it listens on "
-                                                 r"loopback only, so Prometheus on node-b cannot scrape it; .*"
-                                                 r"dcu_monitoring_exporter_listen: 0.0.0.0:PORT"):
-        prometheus_targets(["node-a", "node-b"], HOSTVARS, "node-b")
+def test_an_exporter_on_loopback_of_another_host_is_scraped_at_its_address_with_a_warning(monkeypatch):
+    """dcu-exporter's default listens on loopback: from another host its target is down (its alert fires) as before,
+    and the run says how to make it reachable."""
+    warned = []
+    monkeypatch.setattr(topology.display, "warning", warned.append)
+    jobs = prometheus_targets(["node-a", "node-b"], HOSTVARS, "node-b")
+    assert jobs["dcu-exporter"] == [{"targets": ["10.0.0.11:9400"], "labels": {"host": "node-a"}},
+                                    {"targets": ["127.0.0.1:9500"], "labels": {"host": "node-b"}}]
+    assert warned == ["dcu-exporter of node-a is http://127.0.0.1:9400: it listens on loopback only, so Prometheus on "
+                      "node-b cannot scrape it at 10.0.0.11:9400; make it listen where node-b reaches it (e.g. "
+                      "dcu_monitoring_exporter_listen: 0.0.0.0:PORT) or run Prometheus on node-a"]
 
 
 def test_a_host_whose_roles_exported_nothing_in_this_run_is_named():

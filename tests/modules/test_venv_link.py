@@ -87,3 +87,25 @@ def test_switching_away_from_a_legacy_venv_put_back_by_hand_keeps_it(tmp_path, m
     assert result["changed"] is True and result["previous"] == "venv-legacy", result
     assert os.readlink(tmp_path / "venv") == "venv-aaa"
     assert (tmp_path / "venv-legacy" / "pyvenv.cfg").is_file()
+
+
+def test_a_switch_before_the_restart_removes_nothing_and_the_call_after_it_removes_what_nothing_runs_from(
+        tmp_path, module_runner):
+    """An earlier run switched to venv-bbb and failed before the service restarted: it still runs from venv-aaa
+    (now the previous one's previous). The next switch, before its restart, must not remove venv-aaa; the call
+    after the restart does, and keeps the previous one for a rollback."""
+    path = str(tmp_path / "venv")
+    module_runner("venv_link", {"path": path, "target": _venv(tmp_path, "venv-aaa")})
+    module_runner("venv_link", {"path": path, "target": _venv(tmp_path, "venv-bbb"), "remove_older": False})
+    switched = module_runner("venv_link", {"path": path, "target": _venv(tmp_path, "venv-ccc"),
+                                           "remove_older": False})
+    assert switched["changed"] is True and switched["removed"] == [], switched
+    assert (tmp_path / "venv-aaa" / "pyvenv.cfg").is_file()
+    assert os.readlink(tmp_path / "venv") == "venv-ccc" and os.readlink(tmp_path / "venv.previous") == "venv-bbb"
+
+    # the service restarted onto venv-ccc
+    pruned = module_runner("venv_link", {"path": path, "target": str(tmp_path / "venv-ccc")})
+    assert pruned["changed"] is True and pruned["removed"] == [str(tmp_path / "venv-aaa")], pruned
+    assert sorted(p.name for p in tmp_path.glob("venv-*") if p.is_dir()) == ["venv-bbb", "venv-ccc"]
+    again = module_runner("venv_link", {"path": path, "target": str(tmp_path / "venv-ccc")})
+    assert again["changed"] is False and again["removed"] == [], again

@@ -113,6 +113,36 @@ def test_numa_pinning_only_where_the_cpus_are_known_and_extra_options_last():
     assert not any(o.startswith("--cpuset") for o in unpinned[0])
 
 
+def test_containers_drop_every_capability_and_get_back_only_what_dcu_inference_needs():
+    """Docker's defaults (CHOWN, DAC_OVERRIDE, SETUID, NET_RAW, ...) go; no new privileges; a tensor-parallel
+    instance gets SYS_PTRACE (its workers exchange GPU buffers with pidfd_getfd); the inventory may add more.
+    Tasks and memory are capped: per card for memory, so a two-card instance gets twice a card's."""
+    tp = dict(INSTANCES[0], name="chat-0", tensor_parallel=2, memory_max="96G")
+    options = vllm_run_options([INSTANCES[1], tp], NODES, [], capabilities=[], pids_limit=8192,
+                               container_options=["--ipc=host"])
+    assert options[1][-4:] == ["--cap-drop=ALL", "--security-opt=no-new-privileges", "--pids-limit=8192", "--ipc=host"]
+    assert options["chat-0"][-6:] == ["--cap-drop=ALL", "--cap-add=SYS_PTRACE", "--security-opt=no-new-privileges",
+                                      "--pids-limit=8192", "--memory=96G", "--ipc=host"]
+    more = vllm_run_options(INSTANCES[:1], NODES, [], capabilities=["cap_ipc_lock", "SYS_NICE"])
+    assert more[0][-4:] == ["--cap-drop=ALL", "--cap-add=IPC_LOCK", "--cap-add=SYS_NICE",
+                            "--security-opt=no-new-privileges"]
+    assert not any(o.startswith(("--cap-", "--pids", "--memory")) for o in vllm_run_options(INSTANCES, NODES, [])[0])
+
+
+def test_an_instances_memory_is_its_cards_times_the_memory_per_card():
+    services = [{"name": "chat", "kind": "chat", "models": ["qwen"], "model_dir": "/srv/models/qwen", "cards": [0, 1]},
+                {"name": "embed", "kind": "embedding", "models": ["bge"], "model_dir": "/srv/models/bge", "cards": [2],
+                 "memory_per_card": "1536M"},
+                {"name": "free", "kind": "embedding", "models": ["e5"], "model_dir": "/srv/models/e5", "cards": [3],
+                 "memory_per_card": ""}]
+    cards = [{"index": i, "pci_bus": f"0000:0{i}:00.0", "numa_node": 0} for i in range(4)]
+    by_name = {i["name"]: i for i in vllm_services(services, cards, {"base_port": 8002, "memory_per_card": "48G"})}
+    assert (by_name["chat-0"]["memory_max"], by_name["embed-0"]["memory_max"], by_name["free-0"]["memory_max"]) == (
+        "96G", "1536M", "")
+    with pytest.raises(AnsibleFilterError, match=r"service embed: memory_per_card is the host memory .* got '48 GB'"):
+        vllm_services([dict(services[1], memory_per_card="48 GB")], cards, {"base_port": 8002})
+
+
 def test_an_unknown_isolation_is_refused():
     with pytest.raises(AnsibleFilterError, match="device_isolation"):
         vllm_run_options(INSTANCES, NODES, [], device_isolation="none")

@@ -102,6 +102,33 @@ def test_check_validates_without_serving(tmp_path):
     assert done.returncode == 2 and "listen:" in done.stderr
 
 
+def test_plain_backends_are_chat_unless_kind_says_otherwise():
+    assert {spec.kind for spec in cfg.build(BASE).specs} == {"chat"}
+    embedding = cfg.build({**BASE, "models": ["bge-m3"], "kind": "embedding"})
+    assert [(spec.url, spec.models, spec.kind) for spec in embedding.specs] == [
+        (url, ("bge-m3",), "embedding") for url in BASE["backends"]]
+    with pytest.raises(cfg.ConfigError, match="kind: must be one of chat, vision, embedding, rerank, transcription, "
+                                              "speech; got 'embed'"):
+        cfg.build({**BASE, "kind": "embed"})
+
+
+def test_the_command_line_names_what_its_backends_serve():
+    done = _run("--check", "--backend", "embedding=http://127.0.0.1:8008", "--model", "bge-m3")
+    assert done.returncode == 0, done.stderr
+    assert "models bge-m3 (embedding, 1)" in done.stdout
+    done = _run("--check", "--backend", "embeding=http://127.0.0.1:8008", "--model", "bge-m3")
+    assert done.returncode == 2
+    assert ("argument --backend: unknown kind 'embeding' in 'embeding=http://127.0.0.1:8008': write KIND=URL with "
+            "KIND one of chat, vision, embedding, rerank, transcription, speech, or the URL alone") in done.stderr
+    # A plain --backend beside a named kind is chat: two kinds for one list of models.
+    done = _run("--check", "--backend", "embedding=http://127.0.0.1:8008", "--backend", "http://127.0.0.1:8002",
+                "--model", "bge-m3")
+    assert done.returncode == 2
+    assert "the backends are of 2 kinds (chat, embedding)" in done.stderr
+    assert "backends: [{url: URL, models: [NAME], kind: KIND}]" in done.stderr
+    assert "[KIND=]URL" in _run("--help").stdout
+
+
 # -- the form where each backend names its models and kind (a host carved into model services) --
 
 SERVICES = {"backends": [
@@ -171,3 +198,19 @@ def test_top_level_models_belong_to_the_plain_form_only():
     with pytest.raises(cfg.ConfigError) as e:
         cfg.build({**SERVICES, "models": ["Qwen3-32B"]})
     assert e.value.key == "models" and "remove the top-level `models`" in str(e.value)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.build({**SERVICES, "kind": "chat"})
+    assert e.value.key == "kind" and "remove the top-level `kind`" in str(e.value)
+
+
+def test_every_api_refusal_says_how_to_declare_a_kind_that_serves_it():
+    """The 400 for a model of the wrong kind names the kind to declare — for every API, speech included."""
+    from types import SimpleNamespace
+
+    from dcu_serving.proxy import routing
+
+    group = SimpleNamespace(backends=[SimpleNamespace(url="http://10.0.0.5:8002")])
+    for api in set(routing.APIS.values()):
+        hint = routing.declare(api, "m", group)
+        kind = hint.split("`--backend ")[1].split("=")[0]
+        assert kind in api.kinds and kind in cfg.KINDS, (api.name, hint)

@@ -38,9 +38,10 @@ def closed_after(s: socket.socket, limit: float) -> float:
     return time.monotonic() - started
 
 
-def head(length: int, expect: bool = True, path: str = "/v1/chat/completions") -> bytes:
+def head(length: int, expect: bool = True, path: str = "/v1/chat/completions", orid: str | None = None) -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
-            + ("Expect: 100-continue\r\n" if expect else "") + "\r\n").encode()
+            + ("Expect: 100-continue\r\n" if expect else "") + (f"X-Orid: {orid}\r\n" if orid else "")
+            + "\r\n").encode()
 
 
 def answer(s: socket.socket) -> tuple[int, dict, bytes]:
@@ -91,7 +92,7 @@ def test_large_bodies_past_the_budget_are_refused_before_they_are_read(start_sim
     wait_until(lambda: "dcu_proxy_body_bytes_held 900000.0" in proxy_metrics(proxy), 5, what="900 kB held")
 
     second = raw_connection(proxy)
-    second.sendall(head(400_000))  # would pass the 1 MiB budget: refused before a byte of it is read
+    second.sendall(head(400_000, orid="ORD-7"))  # would pass the 1 MiB budget: refused before a byte is read
     status, headers, rest = answer(second)
     assert status == 503 and headers["Retry-After"] == "3"
     assert b"body_budget" in rest
@@ -105,6 +106,8 @@ def test_large_bodies_past_the_budget_are_refused_before_they_are_read(start_sim
     assert r.status_code == 200, r.text
     lines = proxy.results()
     assert [line["status"] for line in lines].count(503) == 1
+    # its `user` was never read: the order is logged by the X-Orid header the standard client always sends
+    assert [line["orid"] for line in lines if line["status"] == 503] == ["ORD-7"]
 
 
 def test_a_large_body_for_a_full_pool_is_refused_before_it_is_read(start_sim, start_proxy):

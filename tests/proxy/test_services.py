@@ -7,9 +7,11 @@ for chat, embeddings and transcriptions, plain HTTP for rerank and score.
 from __future__ import annotations
 
 import io
+import sys
 import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -22,7 +24,7 @@ from dcu_serving.proxy import routing
 from dcu_serving.proxy.balancer import Balancer
 from dcu_serving.proxy.config import BackendSpec
 from dcu_serving.proxy.errors import ProxyError
-from support import sse, wait_until
+from support import ServerProcess, free_port, sse, wait_until
 
 CHAT, EMBED, RERANK, SPEECH = "Qwen3-32B", "bge-m3", "bge-reranker-v2-m3", "whisper-large-v3"
 QUICK = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--sim-itl-jitter", "0", "--sim-think-tokens", "0",
@@ -70,8 +72,11 @@ async def test_requests_no_pool_takes_are_refused_or_passed_on():
     assert refused(routing.TRANSCRIPTIONS, None)[1] == ("`model` is required: set it to one of the models serving "
                                                         "the Transcriptions API here: none (no model here serves "
                                                         "the Transcriptions API).")
-    assert refused(routing.CHAT, EMBED) == (400, f"The model `{EMBED}` (embedding) does not serve the Chat "
-                                                 f"Completions API. Models here that do: {CHAT}.")
+    status, message = refused(routing.CHAT, EMBED)
+    assert status == 400 and message.startswith(f"The model `{EMBED}` (embedding) does not serve the Chat "
+                                                f"Completions API. Models here that do: {CHAT}. If `{EMBED}` does "
+                                                f"serve the Chat Completions API (kind chat or vision), declare ")
+    assert "`--backend chat=http://127.0.0.1:2` on its command line" in message
     # contract.model: pass — several pools: an unknown model has nowhere to go; a known one goes to its pool.
     assert refused(routing.CHAT, "gpt-4o", passing=True)[0] == 404
     assert routing.unrouted(routing.CHAT, EMBED, mixed.groups, mixed.by_model, True) is mixed.by_model[EMBED]
@@ -203,8 +208,12 @@ def test_models_lb_status_and_the_requests_no_pool_takes(host):
 
     wrong = proxy.post("/v1/embeddings", {"model": CHAT, "input": "x"})  # vLLM would answer 200 with an error
     assert wrong.status_code == 400
-    assert wrong.json()["error"]["message"] == (f"The model `{CHAT}` (chat) does not serve the Embeddings API. "
-                                                f"Models here that do: {EMBED}.")
+    chat = sims["chat"][0].url  # the first backend of the model's pool: the one the hint names
+    assert wrong.json()["error"]["message"] == (
+        f"The model `{CHAT}` (chat) does not serve the Embeddings API. Models here that do: {EMBED}. If `{CHAT}` "
+        f"does serve the Embeddings API (kind embedding), declare its kind to dcu-proxy: `--backend embedding={chat}` "
+        f"on its command line, or in proxy.yml `kind: embedding` beside a plain `backends` list, or its entry "
+        f"`{{url: {chat}, models: [{CHAT}], kind: embedding}}`.")
     missing = proxy.post("/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
     assert missing.status_code == 400
     assert missing.json()["error"]["message"] == (f"`model` is required: set it to one of the models serving the "
@@ -412,3 +421,51 @@ def test_a_deadline_passed_at_a_card_is_one_message_for_every_api(start_sim, sta
     assert heard.json()["error"]["message"] == f"{head} Send less per request, or retry later."
     assert heard.headers["X-Backend"] == name(speech)
     assert all(b["active"] == 0 for b in proxy.lb_status()["backends"])
+
+
+def test_dcu_proxy_from_its_command_line_serves_embeddings_for_a_backend_declared_embedding(start_sim, tmp_path):
+    """`dcu-proxy --backend URL` in front of an embedding model makes a chat pool, and /v1/embeddings is a 400 that
+    says how to declare the kind; `--backend embedding=URL` serves it."""
+    sim = start_sim("--sim-ttft-ms", "5", served_model_name=EMBED, model_config=EMBEDDER)
+    command = Path(sys.executable).with_name("dcu-proxy")
+    assert command.exists(), f"{command}: the console script `make venv` installs"
+    # The file only turns the admin listener (127.0.0.1:8001 by default) off, so that proxies can run side by side.
+    no_admin = tmp_path / "no-admin.yml"
+    no_admin.write_text("admin: {listen: null}\n")
+
+    def start(backend: str) -> ServerProcess:
+        port = free_port()
+        server = ServerProcess([str(command), "--config", str(no_admin), "--listen", f"127.0.0.1:{port}",
+                                "--backend", backend, "--model", EMBED], port, log=tmp_path / f"proxy-{port}.log")
+        started.append(server.start(ready_path="/__lb_status"))
+        wait_until(lambda: requests.get(server.url + "/__lb_status", timeout=5).json()["healthy"] == 1, 15,
+                   what="the embedding model healthy behind the proxy")
+        return server
+
+    def embed(proxy: ServerProcess) -> requests.Response:
+        return requests.post(proxy.url + "/v1/embeddings", json={"model": EMBED, "input": ["one text", "another"]},
+                             timeout=10)
+
+    started: list[ServerProcess] = []
+    try:
+        plain = start(sim.url)
+        refused = embed(plain)
+        assert refused.status_code == 400
+        message = refused.json()["error"]["message"]
+        assert message.startswith(f"The model `{EMBED}` (chat) does not serve the Embeddings API.")
+        assert f"`--backend embedding={sim.url}` on its command line" in message
+        assert "`kind: embedding` beside a plain `backends` list" in message
+
+        declared = start(f"embedding={sim.url}")
+        answer = embed(declared)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Backend"] == name(sim)
+        assert [len(d["embedding"]) for d in answer.json()["data"]] == [1024, 1024]
+        status = requests.get(declared.url + "/__lb_status", timeout=5).json()
+        assert status["models"][EMBED]["kind"] == "embedding"
+        chat = requests.post(declared.url + "/v1/chat/completions", timeout=10,
+                             json={"model": EMBED, "messages": [{"role": "user", "content": "hi"}], "user": "u"})
+        assert chat.status_code == 400 and "(embedding) does not serve the Chat Completions API" in chat.text
+    finally:
+        for server in started:
+            server.stop()

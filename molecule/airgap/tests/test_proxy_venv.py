@@ -61,3 +61,24 @@ def test_a_new_wheelhouse_is_switched_to_and_the_previous_venv_kept_for_a_rollba
     assert host.check_output(f"stat --format=%Y {old}/dcu-serving-wheels.sha256") == built
     assert old in command_line(host, main_pid(host))
     assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
+
+
+def test_a_running_venv_whose_marker_cannot_be_read_is_kept_and_the_build_goes_beside_it(host, run_playbook):
+    """The marker of the venv the proxy runs from is gone (a disk error, a hand that cleaned up): the role cannot
+    tell that venv is this bundle's, and the build used to begin by removing it under the running proxy. It builds
+    <venv>-<digest>-2 beside it, restarts the proxy onto it and keeps the old one as the previous."""
+    running, pid = host.file(VENV).linked_to, main_pid(host)
+    host.check_output(f"mv {running}/dcu-serving-wheels.sha256 {running}/dcu-serving-wheels.sha256.lost")
+    rc, out = run_playbook("serving.yml", "--limit", "air-host")
+    assert rc == 0, out[-3000:]
+    new = host.file(VENV).linked_to
+    assert new == running + "-2" and host.file(f"{VENV}.previous").linked_to == running
+    assert host.file(f"{running}/pyvenv.cfg").exists and host.file(f"{running}/bin/dcu-proxy").exists
+    assert main_pid(host) != pid and new in command_line(host, main_pid(host))
+    assert call(host, f"air-host-{uuid.uuid4().hex[:8]}")["status"] == 200
+    # The -2 has its marker: the next run builds nothing and switches nothing.
+    built = host.check_output(f"stat --format=%Y {new}/dcu-serving-wheels.sha256")
+    rc, out = run_playbook("serving.yml", "--limit", "air-host")
+    assert rc == 0, out[-3000:]
+    assert host.file(VENV).linked_to == new and host.file(f"{VENV}.previous").linked_to == running
+    assert host.check_output(f"stat --format=%Y {new}/dcu-serving-wheels.sha256") == built

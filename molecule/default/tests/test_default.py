@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+import requests
 import yaml
 from pager import alerts_in, notifications, our_silences, prometheus
 from testkit import RESULTS, results_line, steady_load
@@ -23,6 +24,28 @@ testinfra_hosts = ["node"]
 CARDS = 8
 BACKENDS = [f"http://127.0.0.1:{8002 + card}" for card in range(CARDS)]
 MODEL = "MiniCPM-V-4.5"
+ABSENT_IMAGE_ID = "sha256:" + "0" * 64
+
+
+def break_image(host, card: int):
+    """vllm@<card> gets a second env file naming an image ID that is not there (a drop-in under /run): each start
+    fails (the unit runs the image by its ID)."""
+    dropin, env = f"/run/systemd/system/vllm@{card}.service.d/broken-image.conf", "/run/dcu-serving-broken-image.env"
+    host.check_output(f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironmentFile={env}\\n' >{dropin}"
+                      f" && echo DCU_VLLM_IMAGE_ID={ABSENT_IMAGE_ID} >{env} && systemctl daemon-reload")
+
+
+def mend_image(host, card: int):
+    """Undo break_image, and start vllm@<card> again by hand: returns once it serves (ExecStartPost)."""
+    host.check_output(f"rm -f /run/systemd/system/vllm@{card}.service.d/broken-image.conf "
+                      f"/run/dcu-serving-broken-image.env && systemctl daemon-reload && systemctl reset-failed "
+                      f"vllm@{card} && systemctl restart vllm@{card}")
+
+
+def seconds(span: dict) -> float:
+    """How long a task or a play of ansible.posix.json's report ran, from its `duration`."""
+    return (datetime.fromisoformat(span["end"].replace("Z", "+00:00"))
+            - datetime.fromisoformat(span["start"].replace("Z", "+00:00"))).total_seconds()
 
 
 def test_one_instance_per_card_each_with_only_its_own_card(host):
@@ -40,6 +63,16 @@ def test_one_instance_per_card_each_with_only_its_own_card(host):
         assert "/opt/hyhal:/opt/hyhal:ro" in config["Binds"]
         assert "/srv/models/MiniCPM-V-4.5:/srv/models/MiniCPM-V-4.5:ro" in config["Binds"]
         assert by_name[f"vllm-{card}"]["Config"]["User"] != "root"  # the image's unprivileged user
+        # Walls: no capability of Docker's defaults (a single-card instance needs none), no new privileges, tasks
+        # and memory capped (48G per card), and code from the model directory only by the model's opt-in.
+        assert config["CapDrop"] == ["ALL"] and not config["CapAdd"], (config["CapDrop"], config["CapAdd"])
+        assert "no-new-privileges" in config["SecurityOpt"]
+        assert config["PidsLimit"] == 8192 and config["Memory"] == 48 * 1024 ** 3
+        assert "--trust-remote-code" in by_name[f"vllm-{card}"]["Args"]  # the demo's model opts in (MiniCPM-V)
+    pid = host.check_output("docker inspect --format '{{.State.Pid}}' vllm-0")
+    status = dict(line.split(":\t", 1) for line in host.check_output(f"cat /proc/{pid}/status").splitlines()
+                  if ":\t" in line)
+    assert status["CapEff"].strip() == "0" * 16 and status["NoNewPrivs"].strip() == "1", status
 
 
 def test_proxy_runs_hardened_as_its_own_user_with_the_derived_backends(host, unit):
@@ -182,43 +215,71 @@ def test_rolling_restart_under_load_fails_no_request_and_pages_nobody(host, prox
     assert alerts_in(notifications(host)[paged:], host="node") == [], "the rolling restart paged someone"
 
 
-def test_an_image_whose_model_never_becomes_ready_is_rolled_back_with_no_failed_request(
+def test_a_same_tag_re_release_whose_model_never_becomes_ready_is_rolled_back_to_the_old_image_by_id(
         host, proxy_url, unit, run_playbook, dcu_module):
-    """serving.yml with a new image whose model never becomes ready (the simulator's image with its `unhealthy`
-    fault baked in, built on the node from the loaded one): vllm@0 is the canary and fails within its start grace;
-    the rollback puts every file back, restarts vllm@0 on the old image, and the other 7 never move. Callers
-    under light steady load see no failure; the old image never left the engine."""
-    old = host.check_output("sed -n 's/^DCU_VLLM_IMAGE=//p' /etc/dcu-serving/vllm/0.env")
-    new = old.rsplit(":", 1)[0] + ":never-ready"
-    host.check_output(f"printf 'FROM {old}\\nENV DCU_SIM_FAULT=unhealthy\\n' | docker build --quiet --tag {new} -")
+    """The vendor re-releases the image under the same tag, and its model never becomes ready (the simulator's
+    image with its `unhealthy` fault baked in, built on the node from the loaded one and given the loaded one's
+    tag): serving.yml converges the instances on the new image ID, vllm@0 is the canary and fails within its start
+    grace; the rollback puts every file back and restarts vllm@0 on the old image by its ID - the tag now names the
+    failing one - and the other 7 never move. Callers under light steady load see no failure. The doctor then
+    never advises removing the old, now untagged image the units run."""
+    tag = host.check_output("sed -n 's/^DCU_VLLM_IMAGE=//p' /etc/dcu-serving/vllm/0.env")
+    old_id = host.check_output("sed -n 's/^DCU_VLLM_IMAGE_ID=//p' /etc/dcu-serving/vllm/0.env")
+    assert host.check_output(f"docker image inspect --format '{{{{.Id}}}}' {tag}") == old_id
+    # Built here, then saved and loaded as the vendor's tarball is: a loaded image has no parent, so the old one is
+    # left untagged with no child - what `docker image prune` deletes.
+    new_id = host.check_output(
+        f"printf 'FROM {tag}\\nENV DCU_SIM_FAULT=unhealthy\\n' | docker build --quiet --tag {tag} -")
+    host.check_output(f"docker save --output /tmp/re-release.tar {tag} && docker image rm --no-prune {tag}"
+                      " && docker load --quiet --input /tmp/re-release.tar && rm /tmp/re-release.tar")
+    assert new_id.startswith("sha256:") and new_id != old_id
+    assert old_id in host.check_output("docker image ls --filter dangling=true --no-trunc --quiet")
     envs = {card: host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string for card in range(CARDS)}
     unit_file = host.file("/etc/systemd/system/vllm@.service").content_string
     before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(CARDS)}
-    started = time.monotonic()
-    # A start grace of 30 s (start timeout 45) instead of 900 keeps the wait for the never-ready model short;
-    # it changes the unit too, which the rollback restores with the env files.
-    with steady_load(proxy_url, MODEL) as outcomes:
-        rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_image": new, "dcu_vllm_start_timeout": 45})
-    took = time.monotonic() - started
-    assert rc != 0, out[-3000:]
-    assert "Rolled back on node" in out, out[-3000:]
-    assert "vllm@0 did not come back serving" in out, out[-3000:]
-    assert "/health answers 503" in out, out[-3000:]  # the waiter's own words, from vllm@0's journal
-    assert f"DCU_VLLM_IMAGE={new}" in out and f"DCU_VLLM_IMAGE={old}" in out, out[-3000:]  # the change, both ways
-    assert "8/8 serve again" in out, out[-3000:]
+    try:
+        started = time.monotonic()
+        # A start grace of 30 s (start timeout 45) instead of 900 keeps the wait for the never-ready model short;
+        # it changes the unit too, which the rollback restores with the env files.
+        with steady_load(proxy_url, MODEL) as outcomes:
+            rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_start_timeout": 45})
+        took = time.monotonic() - started
+        assert rc != 0, out[-3000:]
+        assert "Rolled back on node" in out, out[-3000:]
+        assert "vllm@0 did not come back serving" in out, out[-3000:]
+        assert "/health answers 503" in out, out[-3000:]  # the waiter's own words, from vllm@0's journal
+        # the change, both ways: the same tag, another image
+        assert f"DCU_VLLM_IMAGE_ID={new_id}" in out and f"DCU_VLLM_IMAGE_ID={old_id}" in out, out[-3000:]
+        assert "8/8 serve again" in out, out[-3000:]
 
-    assert all(host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string == envs[card] for card in range(CARDS))
-    assert host.file("/etc/systemd/system/vllm@.service").content_string == unit_file
-    assert unit(host, "vllm@0", "ExecMainStartTimestampMonotonic") != before[0]
-    assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
-        {card: before[card] for card in range(1, CARDS)}, "an instance after the canary was restarted"
-    assert host.check_output("docker inspect --format '{{.Config.Image}}' vllm-0") == old
-    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
-    assert result.get("summary") == "8/8", result.get("msg")
-    failures = [o for o in outcomes if o[0] != 200]
-    print(f"rolled back in {took:.1f}s with {len(outcomes)} requests served meanwhile")
-    assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
-    host.check_output(f"docker image rm {new}")
+        assert all(host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string == envs[card]
+                   for card in range(CARDS))
+        assert host.file("/etc/systemd/system/vllm@.service").content_string == unit_file
+        assert unit(host, "vllm@0", "ExecMainStartTimestampMonotonic") != before[0]
+        assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
+            {card: before[card] for card in range(1, CARDS)}, "an instance after the canary was restarted"
+        # vllm-0 runs the old image again although its tag names the new one; the label still names the tag
+        assert host.check_output(f"docker image inspect --format '{{{{.Id}}}}' {tag}") == new_id
+        assert host.check_output("docker inspect --format '{{.Image}}' vllm-0") == old_id
+        assert host.check_output("docker inspect --format '{{index .Config.Labels \"dcu-serving.image\"}}' vllm-0") \
+            == tag
+        result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
+        assert result.get("summary") == "8/8", result.get("msg")
+        failures = [o for o in outcomes if o[0] != 200]
+        print(f"rolled back in {took:.1f}s with {len(outcomes)} requests served meanwhile")
+        assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+
+        # The old image is untagged now, what `docker image prune` deletes: the doctor's disk fix keeps it.
+        doctor = host.run("/opt/dcu-serving/venv/bin/dcu-doctor --json --min-free-gib 1000000")
+        disk = next(f for f in json.loads(doctor.stdout)["checks"] if f["check"] == "disk" and f["status"] == "fail")
+        assert f"not docker image prune: it would delete {old_id[7:19]}" in disk["fix"], disk
+        assert old_id[7:19] not in disk["fix"].split("(")[0], disk
+        images = [f for f in json.loads(doctor.stdout)["checks"] if f["check"] == "images"]
+        assert [f["status"] for f in images] == ["warn"] and "(by ID: a rollback keeps them on it)" in \
+            images[0]["message"], images
+    finally:
+        # The tag back on the image the units run; the failing one gone.
+        host.check_output(f"docker tag {old_id} {tag} && docker image rm {new_id}")
 
 
 def test_a_canary_that_crashes_under_callers_fails_its_soak_and_is_rolled_back(host, proxy_url, unit, run_playbook,
@@ -248,7 +309,7 @@ def test_a_canary_that_crashes_under_callers_fails_its_soak_and_is_rolled_back(h
     assert all(host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string == envs[card] for card in range(CARDS))
     assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
         {card: before[card] for card in range(1, CARDS)}, "an instance after the canary was restarted"
-    assert host.check_output("docker inspect --format '{{.Config.Image}}' vllm-0") == old
+    assert host.check_output("docker inspect --format '{{index .Config.Labels \"dcu-serving.image\"}}' vllm-0") == old
     result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
     assert result.get("summary") == "8/8", result.get("msg")
     canary = BACKENDS[0].split("//")[1]
@@ -333,12 +394,10 @@ def test_a_card_left_out_is_retired_and_the_proxy_reloads_without_restarting(hos
 
 
 def test_verify_names_a_unit_whose_container_cannot_start_within_10_s(host, unit, run_playbook, dcu_module):
-    """vllm@3's image is missing (a second env file names an absent one): systemd restarts it again and again,
+    """vllm@3's image is missing (a second env file names an absent image ID): systemd restarts it again and again,
     and verify.yml says so at once instead of waiting dcu_verify_timeout (300 s) for 8/8."""
-    dropin, env = "/run/systemd/system/vllm@3.service.d/broken-image.conf", "/run/dcu-serving-broken-image.env"
-    host.check_output(f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironmentFile={env}\\n' >{dropin}"
-                      f" && echo DCU_VLLM_IMAGE=dcu-serving/absent:0 >{env} && systemctl daemon-reload"
-                      " && systemctl restart --no-block vllm@3")
+    break_image(host, 3)
+    host.check_output("systemctl restart --no-block vllm@3")
     try:
         started = time.monotonic()
         rc, out = run_playbook("verify.yml", env={"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"})
@@ -349,18 +408,62 @@ def test_verify_names_a_unit_whose_container_cannot_start_within_10_s(host, unit
         msg = task["hosts"]["node"]["msg"]
         assert "vllm@3 keeps failing" in msg or "vllm@3 failed" in msg, msg
         assert "journalctl -u vllm@3 -n 50" in msg, msg
-        assert "dcu-serving/absent:0" in msg, msg  # docker's own words, from the unit's journal
-        span = task["task"]["duration"]
-        seconds = (datetime.fromisoformat(span["end"].replace("Z", "+00:00"))
-                   - datetime.fromisoformat(span["start"].replace("Z", "+00:00"))).total_seconds()
-        print(f"verify.yml named the failed unit after {seconds:.1f}s of waiting; the whole run took {took:.1f}s")
+        assert ABSENT_IMAGE_ID in msg, msg  # docker's own words, from the unit's journal
+        waited = seconds(task["task"]["duration"])
+        print(f"verify.yml named the failed unit after {waited:.1f}s of waiting; the whole run took {took:.1f}s")
         # The wait that used to last dcu_verify_timeout (300 s); the whole run also holds the role's tasks and the
         # audit report, which on this shared 2-core machine take several seconds more under load.
-        assert seconds < 10, f"the health check took {seconds:.1f}s to name the failed unit"
+        assert waited < 10, f"the health check took {waited:.1f}s to name the failed unit"
         assert took < 60, f"verify.yml took {took:.1f}s"
     finally:
-        host.check_output(f"rm -f {dropin} {env} && systemctl daemon-reload && systemctl reset-failed vllm@3"
-                          " && systemctl restart vllm@3")  # returns once it serves (ExecStartPost)
+        mend_image(host, 3)
     assert unit(host, "vllm@3", "ActiveState") == "active"
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
+    assert result.get("summary") == "8/8", result.get("msg")
+
+
+def test_a_drain_left_by_a_failed_rolling_restart_fails_site_yml_at_once_with_the_command_that_lifts_it(
+        host, proxy_url, run_playbook, dcu_module):
+    """rolling_restart.yml on card 3 while its image is missing fails and leaves vllm@3 drained, by design: a failed
+    instance gets no caller. Mended by hand, vllm@3 serves again and stays drained (no wait lifts a drain): site.yml
+    fails at its health check at once, naming vllm@3 and the command that lifts the drain, instead of waiting
+    dcu_verify_timeout (300 s) for 8/8 and only then saying so. That command restarts, checks and undrains it."""
+    break_image(host, 3)
+    try:
+        rc, out = run_playbook("rolling_restart.yml", "--limit", "node", extra_vars={"dcu_vllm_restart_cards": [3]})
+        out = " ".join(out.split())
+        assert rc != 0 and "vllm@3 did not come back serving" in out, out[-3000:]
+        assert "It stays drained in the proxy" in out, out[-3000:]
+    finally:
+        mend_image(host, 3)
+
+    def drained():
+        status = requests.get(f"{proxy_url}/__lb_status", timeout=5).json()
+        return [(b["url"], b["healthy"]) for b in status["backends"] if b["draining"]]
+
+    wait_until(lambda: drained() == [(BACKENDS[3], True)], 30, interval=0.5,
+               what="vllm@3 healthy in the proxy's eyes, and still drained")
+    started = time.monotonic()
+    rc, out = run_playbook("site.yml", env={"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"})
+    took = time.monotonic() - started
+    assert rc != 0, out[-3000:]
+    report, _ = json.JSONDecoder().raw_decode(out)
+    play, task = next((play, t) for play in report["plays"] for t in play["tasks"]
+                      if t["task"]["name"].startswith("Wait for every instance"))
+    msg = task["hosts"]["node"]["msg"]
+    command = ("ansible-playbook -i <inventory> playbooks/rolling_restart.yml --limit node "
+               """-e '{"dcu_vllm_restart_cards": [3]}'""")
+    assert msg.startswith("7/8 healthy (expected 8) after "), msg
+    assert "vllm@3: drained in the proxy" in msg and f"`{command}` restarts it" in msg, msg
+    waited, failed = seconds(task["task"]["duration"]), seconds(play["play"]["duration"])
+    print(f"site.yml named the drained vllm@3 after {waited:.1f}s of its health check; its verify play failed after "
+          f"{failed:.1f}s, the whole run (drivers, images, serving: no change) after {took:.1f}s: {msg}")
+    # The play that used to wait dcu_verify_timeout (300 s) for 8/8 before it said so.
+    assert failed < 30, f"site.yml's verify play took {failed:.1f}s to name the drained instance"
+
+    # The command it gives, as an operator runs it (the scenario's inventory for <inventory>).
+    rc, out = run_playbook("rolling_restart.yml", "--limit", "node", extra_vars={"dcu_vllm_restart_cards": [3]})
+    assert rc == 0, out[-3000:]
+    assert drained() == []
     result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=60)
     assert result.get("summary") == "8/8", result.get("msg")

@@ -96,6 +96,8 @@ def test_a_standalone_hyhal_in_the_bundle_goes_over_the_drivers(host, run_driver
     assert host.file("/opt/hyhal/.dcu-serving-hyhal").content_string.split() == [
         f"hyhal/{tarball.name}", f"sha256:{digest}", "over", "rock", "6.3.30-V1.4.1a"]
     assert "HCU" in host.check_output("/opt/hyhal/bin/hy-smi")
+    # The tarball's files are its build user's (uid 1000): unpacked, they are root's.
+    assert host.check_output("find /opt/hyhal/ ! -user root -o ! -group root") == ""
 
     rc, out = run_drivers("fresh", extra_vars=settings)
     assert rc == 0 and recap(out, "fresh")["changed"] == 0, out[-3000:]

@@ -63,6 +63,10 @@ def test_dtk_link_environment_and_linker_path(host):
     assert host.file("/opt/dtk").is_symlink
     assert host.file("/opt/dtk").linked_to == "/opt/dtk-26.04-DCC2602-0317"  # real 26.04 tarballs name it so
     assert host.file("/opt/dtk/.info/rocm_version").content_string.strip() == "26.04"
+    # The tarball's files are its build user's (uid 1000), one of them group-writable: root sources env.sh, so
+    # every file is root's and writable by root alone.
+    assert host.check_output("find /opt/dtk/ ! -type l \\( ! -user root -o ! -group root -o -perm /022 \\)") == ""
+    assert host.file("/opt/dtk/share/dtk-build.log").mode == 0o644
     env = host.check_output("bash -lc 'echo $ROCM_PATH $HIP_PATH; command -v hipcc'").split()
     assert env == ["/opt/dtk", "/opt/dtk/hip", "/opt/dtk/bin/hipcc"]
     assert "/opt/dtk/lib" in host.file("/etc/ld.so.conf.d/dtk.conf").content_string.splitlines()

@@ -42,6 +42,16 @@ def test_each_service_runs_its_own_units_on_its_own_cards(host):
     assert "--enable-auto-tool-choice --tool-call-parser hermes" in chat
     devices = json.loads(host.check_output("docker inspect --format '{{json .HostConfig.Devices}}' vllm-chat-0"))
     assert {d["PathOnHost"] for d in devices} >= {"/dev/dri/renderD128", "/dev/dri/renderD129"}
+    # Walls: every instance drops Docker's default capabilities; the tensor-parallel one gets SYS_PTRACE back (its
+    # workers share GPU buffers through pidfd_getfd), the others nothing.
+    for unit in UNITS:
+        config = json.loads(host.check_output(f"docker inspect --format '{{{{json .HostConfig}}}}' vllm-{unit[5:]}"))
+        added = sorted(c.removeprefix("CAP_") for c in config["CapAdd"] or [])
+        assert config["CapDrop"] == ["ALL"] and added == (["SYS_PTRACE"] if unit == "vllm@chat-0" else []), unit
+    # Only the vision service opts in to the Python its model directory ships (host_vars/node.yml); the demo
+    # inventory's dcu_vllm_trust_remote_code is the default layout's, not every service's.
+    assert "--trust-remote-code" not in chat
+    assert "--trust-remote-code" in host.file("/etc/dcu-serving/vllm/vision-0.env").content_string
     embed = host.file("/etc/dcu-serving/vllm/embed-0.env").content_string
     assert "--runner pooling" in embed and "--limit-mm-per-prompt" not in embed
     ports = [line.split("=")[1] for unit in UNITS

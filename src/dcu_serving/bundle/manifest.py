@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dcu_serving.bundle import KINDS
+from dcu_serving.bundle.index import file_problem
 
 VAR = "dcu_bundle_manifest"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -104,6 +105,16 @@ def image_file(ref: str) -> str:
     return "images/" + re.sub(r"[^A-Za-z0-9._-]+", "_", ref) + ".tar.gz"
 
 
+def _mappings(data: dict, key: str, errors: list):
+    """(where, item) for each mapping in the manifest's list `key`; an error naming each item that is not one."""
+    for i, item in enumerate(_list(data, key, VAR, errors)):
+        where = f"{VAR}.{key}[{i}]"
+        if isinstance(item, dict):
+            yield where, item
+        else:
+            errors.append(f"{where}: expected a mapping")
+
+
 def parse(data: dict) -> Manifest:
     if isinstance(data, dict) and VAR in data:
         data = data[VAR]
@@ -122,11 +133,7 @@ def parse(data: dict) -> Manifest:
             errors.append(f"{where}: bundle file {file} is also produced by {seen[file]}")
         seen[file] = where
 
-    for i, item in enumerate(_list(data, "files", VAR, errors)):
-        where = f"{VAR}.files[{i}]"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: expected a mapping")
-            continue
+    for where, item in _mappings(data, "files", errors):
         name = _text(item, "name", where, errors)
         kind = _text(item, "kind", where, errors, hint=f"one of {', '.join(FILE_KINDS)}")
         version = _text(item, "version", where, errors)
@@ -145,14 +152,14 @@ def parse(data: dict) -> Manifest:
         # A URL's name unquoted: Debian's pool quotes the '+' and '~' of versions (%2b, %7e).
         basename = unquote(src.rstrip("/").rsplit("/", 1)[-1]) if "://" in src else src.rstrip("/").rsplit("/", 1)[-1]
         file = _text(item, "file", where, errors, required=False) or f"{KINDS[kind]}/{basename}"
+        problem = file_problem(file, kind)
+        if problem:
+            errors.append(f"{where}.file: {file!r} {problem}")
+            continue
         claim(file, where)
         m.files.append(FileSpec(name, kind, version, src, digest.lower(), file))
 
-    for i, item in enumerate(_list(data, "images", VAR, errors)):
-        where = f"{VAR}.images[{i}]"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: expected a mapping")
-            continue
+    for where, item in _mappings(data, "images", errors):
         name = _text(item, "name", where, errors)
         ref = _text(item, "ref", where, errors, hint="the image reference, e.g. registry/vllm:0.11.0")
         digest = _text(item, "config_digest", where, errors, required=False)

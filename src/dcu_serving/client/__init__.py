@@ -4,7 +4,7 @@
 
     ok, healthy, ids = check_service()                       # True, "8/8", ["127.0.0.1:8002", ...]
     r = recognize("test.jpg", prompt="图里有几个人？", orid="ORD-123")
-    r.answer, r.finish_reason, r.backend, r.truncated
+    r.answer, r.finish_reason, r.backend, r.truncated       # or read-only keys: r["answer"], r["backend"]
     for piece in recognize_stream("test.jpg", orid="ORD-125"):
         print(piece, end="", flush=True)
 

@@ -9,7 +9,8 @@ import random
 import time
 import uuid
 import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Iterator, Sequence
 
 import requests
@@ -36,7 +37,10 @@ _warned_short_timeout = False
 
 
 @dataclass
-class Result:
+class Result(Mapping):
+    """One answer. Read its fields as attributes (r.answer) or, read-only, as keys (r["answer"]): the design
+    document's standard client returned a dict, and code written against it runs unchanged."""
+
     answer: str
     thinking: str
     finish_reason: str | None
@@ -55,6 +59,27 @@ class Result:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "truncated": self.truncated}
+
+    # -- read-only item access: r["answer"], r.get("backend"), dict(r), "thinking" in r --
+    def __getitem__(self, key):
+        if key in RESULT_KEYS:
+            return getattr(self, key)
+        raise KeyError(f"Result has no key {key!r}; its keys are {', '.join(RESULT_KEYS)}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(RESULT_KEYS)
+
+    def __len__(self) -> int:
+        return len(RESULT_KEYS)
+
+    def __setitem__(self, key, value):
+        raise TypeError(f"Result is read-only: r[{key!r}] cannot be assigned; dict(r) is a copy you can change")
+
+    def __delitem__(self, key):
+        raise TypeError(f"Result is read-only: r[{key!r}] cannot be deleted; dict(r) is a copy you can change")
+
+
+RESULT_KEYS = (*(f.name for f in fields(Result)), "truncated")
 
 
 @dataclass
@@ -131,12 +156,13 @@ class Client:
         """POST with bounded retries of what is safe to retry; returns the response and attempts."""
         data = json.dumps(body, ensure_ascii=False).encode()
         url = f"{self.base_url}/v1/chat/completions"
+        # The orid also as a header: a request dcu-proxy refuses before reading its body is still logged under it.
+        headers = {"Content-Type": "application/json", "X-Orid": body["user"]}
         attempt = 0
         while True:
             attempt += 1
             try:
-                resp = self.session.post(url, data=data, stream=stream, timeout=self.timeout,
-                                         headers={"Content-Type": "application/json"})
+                resp = self.session.post(url, data=data, stream=stream, timeout=self.timeout, headers=headers)
             except requests.Timeout as e:
                 raise ServiceTimeout(
                     f"no answer within the client timeout of {self.timeout}s: lower max_tokens, "

@@ -257,13 +257,39 @@ def images(host: Host) -> list:
                                     "playbooks/images.yml loads it from the bundle (the hosts pull nothing)"))
             continue
         stale = [i for i in users if i.image_id and i.image_id.startswith("sha256:") and i.image_id != image_id]
-        if stale:
+        # vllm@.service runs an image by the ID its env file names (a rollback restarts exactly that one): an ID
+        # Docker no longer holds is a unit that cannot start again, whatever the tag holds now.
+        gone = [i for i in stale if host.image(i.image_id)[0] is None]
+        if gone:
+            findings.append(Finding("images", FAIL, f"{_unit_list(gone)} run {image} by its ID "
+                                    f"{gone[0].image_id[:19]}, which Docker no longer holds: "
+                                    f"{'its' if len(gone) == 1 else 'their'} next start fails",
+                                    f"playbooks/serving.yml converges them on the {image} loaded now "
+                                    f"({image_id[:19]})"))
+        elif stale:
             findings.append(Finding("images", WARN, f"{image} is now {image_id[:19]}, but {_unit_list(stale)} "
-                                    f"were converged for {stale[0].image_id[:19]}",
+                                    f"run {stale[0].image_id[:19]} (by ID: a rollback keeps them on it)",
                 "playbooks/serving.yml restarts them on the loaded image"))
         else:
             findings.append(Finding("images", OK, f"{image} present ({image_id[:19]}) for {units}"))
     return findings
+
+
+def _image_fix(host: Host) -> str:
+    """How to free space among the images without touching one a vLLM unit runs or rolls back to: `docker image
+    prune` would delete an image whose tag was re-released, which a unit still runs by ID."""
+    kept = {i.image_id for i in host.instances() if (i.image_id or "").startswith("sha256:")}
+    kept |= {host.image(i.image)[0] for i in host.instances() if i.image} - {None}
+    dangling = host.dangling_images()
+    if dangling is None:
+        return ""
+    removable = [image_id for image_id in dangling if image_id not in kept]
+    protected = sorted(image_id[7:19] for image_id in set(dangling) & kept)
+    keep = (f" (not docker image prune: it would delete {', '.join(protected)}, which vLLM units run or roll "
+            "back to)") if protected else ""
+    if removable:
+        return f"docker image rm {' '.join(image_id[7:19] for image_id in removable)}{keep}"
+    return f"no untagged image is left over{keep}"
 
 
 def units(host: Host) -> list:
@@ -290,6 +316,25 @@ def units(host: Host) -> list:
     if not proxy:
         findings.append(Finding("units", SKIP, "dcu-proxy not installed"))
     return findings
+
+
+# The data layer's units (roles/dcu_milvus, roles/dcu_mineru), in the order they depend on one another, with
+# what stops when each is down.
+DATA_UNITS = (("dcu-etcd", "Milvus' metadata store: Milvus cannot serve without it"),
+              ("dcu-milvus", "the vector store: the RAG chain cannot store or search"),
+              ("dcu-mineru", "document parsing: no PDF can be parsed"))
+
+
+def data_services(host: Host) -> list:
+    installed = [(unit, role) for unit, role in DATA_UNITS
+                 if os.path.exists(host.path("etc", "systemd", "system", unit + ".service"))]
+    if not installed:
+        return [Finding("data", OK, "no data service on this host (dcu_milvus and dcu_mineru install them)")]
+    states = host.unit_states([unit for unit, _ in installed])
+    findings = [Finding("data", FAIL, f"{unit} is {states.get(unit, 'unknown')} ({role})",
+                        f"journalctl -u {unit} -n 100 says why; then systemctl start {unit}")
+                for unit, role in installed if states.get(unit) != "active"]
+    return findings or [Finding("data", OK, ", ".join(unit for unit, _ in installed) + " active")]
 
 
 def _listen_address(listen: str | None) -> tuple | None:
@@ -385,11 +430,12 @@ def disk(host: Host, min_free_gib: float = 20.0) -> list:
         seen.add(st.f_fsid)
         free = st.f_bavail * st.f_frsize
         if free < min_free_gib * 1024 ** 3:
+            images_fix = _image_fix(host)
             findings.append(Finding(
                 "disk", FAIL, f"{gib(free)} free on the filesystem of {place} (at least {min_free_gib:g} GiB wanted: "
                 "a vLLM image is tens of GiB, loaded from a tarball beside it)",
-                f"docker image prune (unused images), or remove old bundles under {host.roots.state}; "
-                "--min-free-gib sets the bound"))
+                (f"{images_fix}; " if images_fix else "")
+                + f"remove old bundles under {host.roots.state}; --min-free-gib sets the bound"))
         else:
             findings.append(Finding("disk", OK, f"{gib(free)} free for {place}"))
     return findings
@@ -591,6 +637,7 @@ CHECKS = [
     ("units", units),
     ("ports", ports),
     ("proxy", proxy),
+    ("data", data_services),
     ("disk", disk),
     ("shm", shm),
 ]

@@ -200,6 +200,14 @@ class Host:
                           else (None, " ".join(out.split())[-160:]))
         return cache[ref]
 
+    def dangling_images(self) -> list | None:
+        """The full IDs of the images no tag names (what `docker image prune` deletes); None when Docker does not
+        answer."""
+        rc, out = self.run(["docker", "image", "ls", "--filter", "dangling=true", "--no-trunc", "--quiet"])
+        if rc != 0:
+            return None
+        return sorted({line.strip() for line in out.splitlines() if line.strip().startswith("sha256:")})
+
     def hy_smi(self) -> str | None:
         """hy-smi under the hyhal directory (/opt/hyhal links to /usr/local/hyhal on real hosts)."""
         path = self.path("hyhal", "bin", "hy-smi")

@@ -14,25 +14,55 @@ except ImportError:  # a platform without uvloop wheels still works, on asyncio'
     from asyncio import run
 
 
+KINDS = ", ".join(configuration.KINDS)
+
+
+def backend(value: str) -> tuple[str | None, str]:
+    """--backend [KIND=]URL -> (kind or None, URL). A URL is checked with the rest of the configuration."""
+    kind, sep, url = value.partition("=")
+    if not sep or ":" in kind or "/" in kind:  # no KIND= in front: the whole value is the URL
+        return None, value
+    if kind not in configuration.KINDS:
+        raise argparse.ArgumentTypeError(f"unknown kind {kind!r} in {value!r}: write KIND=URL with KIND one of "
+                                         f"{KINDS}, or the URL alone")
+    return kind, url
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="dcu-proxy", description="Reverse proxy in front of a host's vLLM instances "
-        "(routing by model, least-active within a model's pool, health checks, the service contract, results log).")
+        "(routing by model, least-active within a model's pool, health checks, the service contract, results log).",
+        epilog="Several kinds on one host (e.g. chat on some cards, embeddings on another) need proxy.yml's form "
+               "where each backend names its models and kind: backends: [{url: URL, models: [NAME], kind: KIND}] "
+               "(docs/proxy.md).")
     parser.add_argument("--config", metavar="PATH",
                         help=f"YAML configuration (on hosts: {configuration.DEFAULT_PATH})")
     parser.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (overrides listen)")
-    parser.add_argument("--backend", metavar="URL", action="append",
-                        help="a vLLM instance, e.g. http://127.0.0.1:8002; repeat for each (overrides backends)")
+    parser.add_argument("--backend", metavar="[KIND=]URL", action="append", type=backend,
+                        help="a vLLM instance, e.g. http://127.0.0.1:8002, serving every --model; repeat for each "
+                             "(overrides backends). KIND= says what it serves, which decides the APIs that reach "
+                             f"it: one of {KINDS} (e.g. embedding=http://127.0.0.1:8008 for /v1/embeddings); "
+                             "without it, the file's `kind`, else chat. Every --backend has the same kind")
     parser.add_argument("--model", metavar="NAME", action="append",
                         help="a served model name; repeat for each (overrides models)")
     parser.add_argument("--results-log", metavar="PATH", help="JSONL results log (overrides results_log)")
     parser.add_argument("--check", action="store_true", help="validate the configuration and exit")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    backends = args.backend or []
+    # One kind for them all, when one names it (a --backend without KIND= beside it is chat).
+    kinds = {kind or "chat" for kind, _ in backends} if any(kind for kind, _ in backends) else set()
+    if len(kinds) > 1:
+        parser.error(f"argument --backend: the backends are of {len(kinds)} kinds ({', '.join(sorted(kinds))}), but "
+                     f"every --backend serves every --model and a model has one kind. Give each backend its own "
+                     f"models and kind in proxy.yml: backends: [{{url: URL, models: [NAME], kind: KIND}}]")
+    args.kind = kinds.pop() if kinds else None
+    args.backend = [url for _, url in backends] or None
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    overrides = {"listen": args.listen, "backends": args.backend, "models": args.model,
+    overrides = {"listen": args.listen, "backends": args.backend, "models": args.model, "kind": args.kind,
                  "results_log": args.results_log}
 
     def load():
@@ -50,7 +80,8 @@ def main(argv=None) -> int:
                 kind, count = served.get(model, (spec.kind, 0))
                 served[model] = (kind, count + 1)
         models = ", ".join(f"{model} ({kind}, {count})" for model, (kind, count) in served.items()) \
-            if len({spec.models for spec in config.specs}) > 1 else ", ".join(config.models)
+            if len({spec.models for spec in config.specs}) > 1 or config.specs[0].kind != "chat" \
+            else ", ".join(config.models)
         print(f"dcu-proxy: configuration OK ({len(config.backends)} backends, models {models})")
         return 0
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,

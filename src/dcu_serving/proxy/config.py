@@ -209,7 +209,7 @@ CONTRACT_MODES = {
     "max_images": (9, 0),
 }
 
-KINDS = ("chat", "vision", "embedding", "rerank", "transcription")
+KINDS = ("chat", "vision", "embedding", "rerank", "transcription", "speech")
 
 # One entry of `backends` in the form where each backend names its models (a host carved into model services).
 BACKEND_SCHEMA: dict[str, Any] = {
@@ -225,6 +225,7 @@ SCHEMA: dict[str, Any] = {
     "listen": ("0.0.0.0:8000", _listen),
     "backends": (REQUIRED, _backends),
     "models": (None, _optional(_list_of(_text, "served model names"))),
+    "kind": (None, _optional(_choice(*KINDS))),
     "max_model_len": (None, _optional(_int(1))),
     "backend_concurrency": (4, _int(1, 1024)),
     "queue_size": (1000, _int(0, 100_000)),
@@ -290,7 +291,7 @@ class Contract:
 class Config:
     backends: tuple  # the backend URLs, in order
     models: tuple  # every served model name, in order
-    specs: tuple = ()  # BackendSpec per backend URL (the plain form: every backend serves every model, as chat)
+    specs: tuple = ()  # BackendSpec per backend URL (the plain form: every backend serves every model, of `kind`)
     listen: str = "0.0.0.0:8000"
     max_model_len: int | None = None
     backend_concurrency: int = 4
@@ -381,11 +382,14 @@ def build(data: Any, source: str | None = None) -> Config:
             raise ConfigError("models", "is required: the served model names (vLLM's --served-model-name), "
                                         "which every backend serves; or give each backend its own: backends: "
                                         "[{url: ..., models: [...], kind: ...}]")
-        specs = tuple(BackendSpec(url, tuple(v["models"])) for url in backends)
+        specs = tuple(BackendSpec(url, tuple(v["models"]), v["kind"] or "chat") for url in backends)
     else:
         if v["models"] is not None:
             raise ConfigError("models", "must not be set when each backend names its models (backends[].models): "
                                         "remove the top-level `models`")
+        if v["kind"] is not None:
+            raise ConfigError("kind", "must not be set when each backend names its kind (backends[].kind): "
+                                      "remove the top-level `kind`")
         specs = tuple(backends)
     models = tuple(dict.fromkeys(model for spec in specs for model in spec.models))
     return Config(

@@ -33,7 +33,7 @@ from .upstream import ConnectFailed, ConnectionBroken, DeadlineExceeded
 log = logging.getLogger("dcu_proxy")
 
 API_PATHS = tuple(APIS)
-ORID_HEADER = "X-Orid"  # where an upload's orid may come from, when its form has no `user` field
+ORID_HEADER = "X-Orid"  # the orid where the body's `user` is not read: an upload's form without it, a refused body
 
 # Request headers not forwarded: hop-by-hop ones, those the proxy writes itself, and Content-Encoding (aiohttp
 # has decoded the body).
@@ -253,7 +253,12 @@ class Relay:
         else read, counted against the budget until a card has it."""
         held = Held(self)
         try:
-            self._admit(api, request.content_length, held)
+            try:
+                self._admit(api, request.content_length, held)
+            except ProxyError:
+                # Refused unread: the body's `user` is never seen, so the order is logged by its X-Orid header.
+                rec["orid"] = request.headers.get(ORID_HEADER)
+                raise
             return await self._forward(request, api, rid, rec, t0, held=held)
         finally:
             held.release()

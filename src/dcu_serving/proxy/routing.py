@@ -43,6 +43,7 @@ EMBEDDINGS = Api("embeddings", "Embeddings API", frozenset({"embedding"}))
 RERANK = Api("rerank", "Rerank API", POOLING)
 SCORE = Api("score", "Score API", POOLING)
 TRANSCRIPTIONS = Api("transcriptions", "Transcriptions API", frozenset({"transcription"}), upload=True)
+SPEECH = Api("speech", "Speech API", frozenset({"speech"}))  # vLLM-Omni text to speech: JSON in, audio out
 
 # POST path -> API; vLLM serves rerank and score under several paths.
 APIS: dict[str, Api] = {
@@ -55,6 +56,7 @@ APIS: dict[str, Api] = {
     "/v1/score": SCORE,
     "/score": SCORE,
     "/v1/audio/transcriptions": TRANSCRIPTIONS,
+    "/v1/audio/speech": SPEECH,
 }
 
 
@@ -93,4 +95,17 @@ def unrouted(api: Api, model, groups: list[Group], by_model: dict, passing: bool
     if passing:
         return group
     raise ProxyError(400, f"The model `{model}` ({group.kind}) does not serve the {api.title}. Models here that "
-                          f"do: {fitting}.", "model")
+                          f"do: {fitting}. {declare(api, model, group)}", "model")
+
+
+# The kind a hint names for an API that several kinds serve: the one made for it (chat before vision).
+_HINT_ORDER = ("chat", "embedding", "rerank", "transcription", "speech", "vision")
+
+
+def declare(api: Api, model: str, group: Group) -> str:
+    """How the operator tells dcu-proxy that a model is of a kind serving `api`, on its command line or in its file."""
+    kinds = [k for k in _HINT_ORDER if k in api.kinds]
+    kind, url = kinds[0], group.backends[0].url if group.backends else "http://HOST:PORT"
+    return (f"If `{model}` does serve the {api.title} (kind {' or '.join(kinds)}), declare its kind to dcu-proxy: "
+            f"`--backend {kind}={url}` on its command line, or in proxy.yml `kind: {kind}` beside a plain `backends` "
+            f"list, or its entry `{{url: {url}, models: [{model}], kind: {kind}}}`.")

@@ -126,6 +126,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help="adapt the model into a pooling model (embed, classify, reward)")
     s.add_argument("--tensor-parallel-size", "-tp", type=_at_least(1, int), default=1,
                    help="cards one instance spans (attention heads must divide evenly); one server either way")
+    s.add_argument("--omni", action="store_true",
+                   help="vLLM-Omni: serve the model's audio output (text to speech, /v1/audio/speech)")
     s.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     s.add_argument("--skip-tokenizer-init", action="store_true", help="load no tokenizer")
 
@@ -224,7 +226,9 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         reasoning_parser=args.reasoning_parser,
         enable_server_load_tracking=args.enable_server_load_tracking,
         architecture=resolved.architecture, runner=resolved.runner, convert=resolved.convert,
-        tasks=resolved.tasks, encoder_only=resolved.encoder_only,
+        # vLLM-Omni (`--omni`) serves a TTS model's audio: the speech API instead of text generation.
+        tasks=frozenset({"speech"}) if args.omni and resolved.runner == "generate" else resolved.tasks,
+        encoder_only=resolved.encoder_only,
         embedding_dim=args.sim_embedding_dim or (hidden if isinstance(hidden, int) and hidden > 0 else 1024),
         matryoshka=matryoshka, matryoshka_dimensions=matryoshka_dims,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -6,10 +6,12 @@ import asyncio
 import functools
 import json
 import logging
+import random
 import time
 
 from aiohttp import web
 
+from dcu_serving.sim import citations, mineru
 from dcu_serving.sim.config import SimConfig
 from dcu_serving.sim.engine import THINK_CLOSE, THINK_OPEN, Engine, Sequence, plan
 from dcu_serving.sim.faults import EngineError, Faults
@@ -87,7 +89,16 @@ async def chat_completions(request: web.Request, config: SimConfig, faults: Faul
     request_id = f"chatcmpl-{base_request_id(request)}"
     key = {"messages": body.messages, "temperature": body.temperature, "seed": body.seed,
            "thinking": body.thinking}
-    seq = plan(config, key, prompt_tokens, images, body.thinking, max_tokens, request_id)
+    mineru_task = mineru.task(body.messages)
+    if mineru_task is not None:  # MinerU's VLM protocol: layout boxes, then each block's content; no thinking
+        answer = mineru.pieces(mineru.answer(*mineru_task, config.seed))
+        finish = "length" if len(answer) > max_tokens else "stop"
+        seq = Sequence(request_id, prompt_tokens, images, answer[:max_tokens], finish, 0, random.Random(0))
+    else:
+        seq = plan(config, key, prompt_tokens, images, body.thinking, max_tokens, request_id)
+        source = citations.cited(body.messages)
+        if source is not None and len(seq.pieces) < max_tokens:  # a RAG prompt: cite the best-matching source
+            seq.pieces.append(f" [{source}]")
     model = body.model or config.served_model_names[0]
     engine = request.app[engine_key]
     if body.stream:

@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from dcu_serving.sim import VLLM_VERSION, audio, generate, pooling
+from dcu_serving.sim import VLLM_VERSION, audio, generate, pooling, speech
 from dcu_serving.sim.config import SimConfig
 from dcu_serving.sim.engine import Engine
 from dcu_serving.sim.faults import Fault, FaultError, Faults, crash_process
@@ -137,6 +137,8 @@ def create_app(config: SimConfig) -> web.Application:
     for path in ("/score", "/v1/score"):
         app.router.add_post(path, counted(pooling.score))
     app.router.add_post("/v1/audio/transcriptions", counted(audio.transcriptions))
+    app.router.add_post("/v1/audio/speech", counted(speech.speech))
+    app.router.add_get("/v1/audio/voices", speech.voices)
     app.router.add_get("/__sim/fault", get_faults)
     app.router.add_post("/__sim/fault", post_fault)
     app.router.add_delete("/__sim/fault", delete_fault)

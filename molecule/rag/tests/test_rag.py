@@ -1,0 +1,202 @@
+"""The RAG host (host_vars/node.yml), converged twice: every service in its own API through the proxy - speech
+both ways, embeddings on the CPU beside the card-placed services -, verify.yml over the data services, and the
+vector store's backup and restore bringing back the same search results. Tests run in file order."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import wave
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from openai import OpenAI
+from testkit import results_line
+
+from support import wait_until
+
+testinfra_hosts = ["node"]
+UNITS = ["vllm@chat-0", "vllm@mineru-vlm-0", "vllm@tts-0", "vllm@asr-0", "vllm@embed-0", "vllm@rerank-0",
+         "dcu-proxy", "dcu-etcd", "dcu-milvus", "dcu-mineru"]
+PASSWORD = "rag-Root-pw-1"  # host_vars/node.yml, vaulted (molecule/rag/vault-password)
+AUTH = {"Authorization": f"Bearer root:{PASSWORD}"}
+
+
+@pytest.fixture(scope="module")
+def milvus_url(proxy_url):
+    return proxy_url.rsplit(":", 1)[0] + ":19530"
+
+
+def test_every_unit_runs(host):
+    for unit in UNITS:
+        assert host.service(unit).is_running and host.service(unit).is_enabled, unit
+
+
+def test_the_cpu_services_have_no_dcu_device_or_environment(host):
+    for container in ("vllm-embed-0", "vllm-rerank-0"):
+        config = json.loads(host.check_output(f"docker inspect --format '{{{{json .HostConfig}}}}' {container}"))
+        assert not config["Devices"] and not config["GroupAdd"], (container, config["Devices"])
+        assert not [b for b in config["Binds"] or [] if "hyhal" in b or "dtk" in b], config["Binds"]
+    assert json.loads(host.check_output("docker inspect --format '{{json .HostConfig.NanoCpus}}' vllm-embed-0")) \
+        == 10**9, "cpu_limit 1"
+    env = host.file("/etc/dcu-serving/vllm/embed-0.env").content_string
+    assert "HIP_VISIBLE_DEVICES" not in env and "DCU_VLLM_PORT=8066" in env and "VLLM_CPU_KVCACHE_SPACE=4" in env
+    assert "--gpu-memory-utilization" not in env
+    devices = json.loads(host.check_output("docker inspect --format '{{json .HostConfig.Devices}}' vllm-chat-0"))
+    assert {d["PathOnHost"] for d in devices} >= {"/dev/kfd", "/dev/dri/renderD128"}
+
+
+def test_embeddings_on_the_cpu_beside_the_card_placed_services(host, proxy_url):
+    client = OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", timeout=60)
+    raw = client.embeddings.with_raw_response.create(model="bge-m3", input=["a DCU card", "a loaf"], user="mol-rag-e")
+    assert raw.headers["X-Backend"] == "127.0.0.1:8066", "the CPU instance's port"
+    assert len(raw.parse().data) == 2
+    chat = client.chat.completions.with_raw_response.create(
+        model="Qwen2.5-14B-Instruct", messages=[{"role": "user", "content": "Say OK."}], max_tokens=16,
+        user="mol-rag-c")
+    assert chat.headers["X-Backend"] == "127.0.0.1:8002"
+    rerank = requests.post(f"{proxy_url}/v1/rerank", timeout=60, json={
+        "model": "bge-reranker-v2-m3", "query": "DCU driver", "documents": ["bread", "the DCU driver is loaded"]})
+    assert rerank.headers["X-Backend"] == "127.0.0.1:8067" and rerank.json()["results"][0]["index"] == 1
+
+
+def test_speech_is_synthesised_and_transcribed_through_the_proxy(host, proxy_url):
+    client = OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", timeout=60)
+    spoken = client.audio.speech.with_raw_response.create(model="CosyVoice3-0.5B", voice="vivian",
+                                                          input="The invoice is due on Friday.")
+    assert spoken.headers["X-Backend"] == "127.0.0.1:8004"
+    audio = spoken.content
+    with wave.open(io.BytesIO(audio)) as w:
+        assert (w.getnchannels(), w.getframerate()) == (1, 24000)
+        assert w.getnframes() / w.getframerate() == pytest.approx(6 * 0.4, rel=0.01)  # six words, 0.4 s each
+    text = requests.post(f"{proxy_url}/v1/audio/transcriptions", files={"file": ("speech.wav", audio)}, timeout=60,
+                         data={"model": "whisper-large-v3", "language": "en", "user": "mol-rag-asr"})
+    assert text.status_code == 200 and text.headers["X-Backend"] == "127.0.0.1:8005" and text.json()["text"]
+    record = results_line(host, "mol-rag-asr")
+    assert (record["api"], record["model"], record["status"]) == ("transcriptions", "whisper-large-v3", 200)
+
+
+def test_verify_covers_the_data_services(run_playbook):
+    rc, out = run_playbook("verify.yml")
+    assert rc == 0, out[-3000:]
+    flat = " ".join(out.split())
+    assert "dcu-etcd and dcu-milvus healthy; inserted 2 vectors, the nearest of [0.9, 0.1, 0, 0] is a" in flat
+    assert "MinerU parsed rag-check.pdf into" in flat
+    for model in ("CosyVoice3-0.5B (speech)", "bge-m3 (embeddings)", "whisper-large-v3 (transcriptions)"):
+        assert model in flat, model
+
+
+def test_verify_names_a_stopped_etcd(host, run_playbook):
+    host.check_output("systemctl stop dcu-milvus dcu-etcd")
+    try:
+        rc, out = run_playbook("verify.yml", "--limit", "node")
+        assert rc != 0
+        assert "dcu-etcd.service is inactive (Milvus keeps its metadata there" in " ".join(out.split()), out[-3000:]
+    finally:
+        host.check_output("systemctl start dcu-etcd dcu-milvus")
+    rc, out = run_playbook("data.yml")  # waits until both are healthy again
+    assert rc == 0, out[-3000:]
+
+
+# --- The chain and MinerU ---------------------------------------------------------------------------------------
+
+def test_the_chain_answers_from_the_bundles_pdf_citing_its_chunks(host, run_playbook):
+    rc, out = run_playbook("rag_check.yml")
+    assert rc == 0, out[-4000:]
+    flat = " ".join(out.split())
+    assert "node: the chain answered from rag-check.pdf; the answer cites c1; seconds per hop: parse" in flat, \
+        out[-3000:]
+    for hop in ("chunk", "embed", "store", "embed_question", "search", "rerank", "answer"):
+        assert f", {hop} " in flat, hop
+    record = results_line(host, "rag-check-node")
+    assert record["status"] == 200
+
+
+UPLOAD = """python3 - <<'PY'
+import urllib.error, urllib.request
+request = urllib.request.Request("http://127.0.0.1:8010/file_parse", data=b"0" * (2 * 2**20),
+                                 headers={"Content-Type": "multipart/form-data; boundary=x"})
+try:
+    urllib.request.urlopen(request, timeout=30)
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+PY"""
+
+
+def test_a_parse_over_the_upload_limit_is_refused_naming_it(host):
+    answer = host.run(UPLOAD)
+    assert answer.stdout.startswith("413 ") and "limit of 1 MiB (dcu_mineru_max_upload_mb)" in answer.stdout, answer
+
+
+# --- Backup and restore ----------------------------------------------------------------------------------------
+
+def vector(i: int) -> list[float]:
+    return [math.sin(i * (k + 1)) for k in range(8)]
+
+
+def milvus(url: str, path: str, **body) -> dict:
+    answer = requests.post(f"{url}/v1/vector/{path}", json=body, headers=AUTH, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def search(url: str) -> list:
+    found = milvus(url, "search", collectionName="docs", vector=vector(3), limit=5, outputFields=["chunk"])
+    return [row["chunk"] for row in found.get("data", [])] if found["code"] == 200 else found
+
+
+def test_a_restore_brings_back_the_same_search_results(host, run_playbook, milvus_url):
+    assert milvus(milvus_url, "collections/create", collectionName="docs", dimension=8, metricType="L2")["code"] == 200
+    inserted = milvus(milvus_url, "insert", collectionName="docs",
+                      data=[{"vector": vector(i), "chunk": f"chunk-{i}"} for i in range(50)])
+    assert inserted["code"] == 200 and inserted["data"]["insertCount"] == 50
+    before = wait_until(lambda: (lambda r: r if isinstance(r, list) and len(r) == 5 else None)(search(milvus_url)),
+                        30, what="the inserted vectors searchable")
+    assert before[0] == "chunk-3"
+
+    rc, out = run_playbook("vector_backup.yml")
+    assert rc == 0, out[-3000:]
+    archive = host.check_output("ls /var/backups/dcu-serving/milvus/ | grep 'tar.gz$' | tail -1")
+    assert host.run(f"cd /var/backups/dcu-serving/milvus && sha256sum -c {archive}.sha256").rc == 0
+
+    assert milvus(milvus_url, "collections/drop", collectionName="docs")["code"] == 200  # the data is gone
+    assert not isinstance(search(milvus_url), list)
+
+    rc, out = run_playbook("vector_restore.yml")
+    assert rc == 0, out[-3000:]
+    assert f"Restored /var/backups/dcu-serving/milvus/{archive}" in " ".join(out.split())
+    after = wait_until(lambda: (lambda r: r if isinstance(r, list) else None)(search(milvus_url)), 60,
+                       what="the restored collection searchable")
+    assert after == before
+    aside = host.check_output("ls -d /var/lib/dcu-serving/milvus.before-restore-*")
+    assert host.file(f"{aside}/etcd").is_directory, "the replaced data is kept"
+
+
+# --- Refusals -------------------------------------------------------------------------------------------------
+
+def test_a_missing_vault_password_is_refused_naming_the_fix(host, run_playbook, tmp_path):
+    before = host.check_output("systemctl show --property=MainPID --value dcu-milvus")
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_root_password": ""})
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert "dcu_milvus_root_password is empty" in flat and "ansible-vault encrypt_string" in flat, out[-2000:]
+    assert host.check_output("systemctl show --property=MainPID --value dcu-milvus") == before
+
+    wrong = tmp_path / "wrong-vault-password"
+    wrong.write_text("not the scenario's vault password\n")
+    rc, out = run_playbook("data.yml", env={"ANSIBLE_VAULT_PASSWORD_FILE": str(wrong)})
+    assert rc != 0 and "no vault secrets were found that could decrypt" in out, out[-2000:]
+    assert host.check_output("systemctl show --property=MainPID --value dcu-milvus") == before
+
+
+def test_the_embed_service_cannot_move_back_to_a_card_another_service_holds(host, run_playbook):
+    layout = yaml.safe_load((Path(__file__).resolve().parents[1] / "host_vars/node/services.yml").read_text())[
+        "dcu_vllm_services"]
+    moved = [dict(s, placement="dcu") if s["name"] == "embed" else s for s in layout]
+    before = host.check_output("systemctl show --property=MainPID --value vllm@asr-0")
+    rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_services": moved})
+    assert rc != 0 and "card 3 is given to service asr and service embed" in out, out[-2000:]
+    assert host.check_output("systemctl show --property=MainPID --value vllm@asr-0") == before
