@@ -71,8 +71,8 @@ def alertmanager_problems(receivers, smtp=None, default_receiver="", routes=None
         names.append(str(receiver["name"]))
         unknown = sorted(set(receiver) - set(_RECEIVER_KEYS))
         if unknown:
-            problems.append("{}: unknown key(s) {}; a receiver takes {}".format(where, ", ".join(unknown),
-                                                                               ", ".join(_RECEIVER_KEYS)))
+            problems.append("{}: unknown key(s) {}; a receiver takes {}".format(
+                where, ", ".join(unknown), ", ".join(_RECEIVER_KEYS)))
         webhooks = receiver.get("webhooks") or []
         addresses = receiver.get("emails") or []
         if not webhooks and not addresses:
