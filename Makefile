@@ -86,11 +86,12 @@ changelog: venv  ## lint changelogs/fragments and render CHANGELOG.md from chang
 	$(BIN)/antsibull-changelog generate
 	rm -f changelogs/.plugin-cache.yaml
 
-# promtool for tests/monitoring: from the Prometheus package the demo bundle carries (tools/install-promtool).
-$(BIN)/promtool: inventories/demo/group_vars/all/bundle.yml | $(BIN)/.stamp
-	$(BIN)/python tools/install-promtool $@
+# promtool and amtool for tests/monitoring: from the Prometheus and Alertmanager packages the demo bundle carries
+# (tools/install-prometheus-tool).
+$(BIN)/promtool $(BIN)/amtool: inventories/demo/group_vars/all/bundle.yml | $(BIN)/.stamp
+	$(BIN)/python tools/install-prometheus-tool $@
 
-unit: venv $(BIN)/promtool  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle, rules
+unit: venv $(BIN)/promtool $(BIN)/amtool  ## pytest without a Docker engine: modules, filters, proxy, client, simulator, bundle, rules
 	$(BIN)/pytest -q -m "not docker and not loadgen and not gateway" -n auto  # one worker per core: the cases start real servers, CPU-bound
 
 unit-docker: venv  ## the pytest cases that need a Docker engine (image archives, the simulator image)

@@ -15,5 +15,6 @@ class FilterModule(object):
             "bundle_stage_dirs": bundle_stage.bundle_stage_dirs,
             "bundle_unlisted": bundle_stage.bundle_unlisted,
             "bundle_changes": bundle_stage.bundle_changes,
+            "bundle_debs_to_install": bundle_stage.bundle_debs_to_install,
             "bundle_index_problem": bundle_index.index_problem,
         }

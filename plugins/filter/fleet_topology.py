@@ -15,4 +15,5 @@ class FilterModule(object):
             "gateway_hosts": topology.gateway_hosts,
             "exporter_card_units": topology.exporter_card_units,
             "facts_by_host": topology.facts_by_host,
+            "monitoring_hosts": topology.monitoring_hosts,
         }

@@ -75,3 +75,15 @@ def bundle_changes(outcomes):
     """One line per artifact playbooks/bundle.yml built or fetched (not those it kept): action, size, seconds, file."""
     return ["%-10s %10s %6.1fs  %s" % (o["action"], bytes_to_human(o["size"]), o["seconds"], o["file"])
             for o in outcomes or [] if o.get("action") != "kept"]
+
+
+def bundle_debs_to_install(debs, dpkg_lines):
+    """The bundle's Debian packages (index.json entries of kind deb) that are not fully installed at their version,
+    from `dpkg-query --show --showformat='${Package} ${Version} ${db:Status-Abbrev}\\n'` over them: a package at
+    another version, half-installed or removed with its configuration left (rc) is installed again."""
+    installed = {}
+    for line in dpkg_lines or []:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2].startswith("ii"):
+            installed[fields[0]] = fields[1]
+    return [deb for deb in debs or [] if installed.get(deb["name"]) != deb["version"]]

@@ -61,6 +61,19 @@ def _target(url):
     return urlsplit(url).netloc
 
 
+MONITORING_GROUP = "dcu_monitoring"
+
+
+def monitoring_hosts(groups, serving_group="dcu_nodes"):
+    """The hosts that run Prometheus and Alertmanager (playbooks/monitoring.yml) and that the plays changing a serving
+    host ask for silences: the `dcu_monitoring` group, else the first serving host."""
+    chosen = list((groups or {}).get(MONITORING_GROUP) or [])
+    if chosen:
+        return chosen
+    serving = list((groups or {}).get(serving_group) or [])
+    return serving[:1]
+
+
 def prometheus_targets(hosts, hostvars, here):
     """The scrape targets per job, [{targets, labels}] as Prometheus' static_configs take them: every serving host's
     dcu-exporter, vLLM instances and dcu-proxy, at the addresses their roles export - the local ones when the host

@@ -8,6 +8,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dcu.serving.plugins.plugin_utils.bundle_stage import (
+    bundle_debs_to_install,
     bundle_stage_dirs,
     bundle_staged,
     bundle_unlisted,
@@ -78,3 +79,14 @@ def test_the_roles_check_the_index_format_with_the_verifiers_own_words():
     escape = {"format": 1, "artifacts": [dict(good["artifacts"][0], file="driver/../../../etc/cron.d/x")]}
     assert index_problem(escape, "/b/index.json") == (
         "/b/index.json: artifacts[0].file 'driver/../../../etc/cron.d/x' is not a plain path (an empty, . or .. part)")
+
+
+def test_debs_to_install_are_those_not_fully_installed_at_the_bundles_version():
+    debs = [{"name": n, "version": v} for n, v in (("prometheus", "2.42.0+ds-5+deb12u1"), ("libjs-d3", "3.5.17-4"),
+                                                    ("prometheus-alertmanager", "0.25.0-1+b4"), ("tzdata", "2025b"))]
+    dpkg = ["prometheus 2.42.0+ds-5+deb12u1 ii ",  # installed at the bundle's version
+            "libjs-d3 3.5.17-3 ii ",  # another version
+            "prometheus-alertmanager 0.25.0-1+b4 rc ",  # removed, its configuration left
+            ]  # tzdata: dpkg-query names it on stderr, not installed
+    assert [d["name"] for d in bundle_debs_to_install(debs, dpkg)] == ["libjs-d3", "prometheus-alertmanager", "tzdata"]
+    assert bundle_debs_to_install(debs[:1], dpkg) == []

@@ -24,7 +24,7 @@ DASHBOARD = ROOT / "roles" / "dcu_prometheus" / "files" / "dcu-serving-dashboard
 
 @pytest.fixture(scope="module")
 def promtool(tmp_path_factory) -> str:
-    """promtool on PATH or in the venv (make unit installs it: tools/install-promtool), else the one in the built
+    """promtool on PATH or in the venv (make unit installs it: tools/install-prometheus-tool), else the one in the built
     bundle's Prometheus package."""
     found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
     if found:
@@ -34,7 +34,7 @@ def promtool(tmp_path_factory) -> str:
         out = tmp_path_factory.mktemp("prometheus-deb")
         subprocess.run(["dpkg-deb", "-x", debs[-1], str(out)], check=True)
         return str(out / "usr" / "bin" / "promtool")
-    pytest.skip("no promtool: make unit installs it (tools/install-promtool .venv/bin/promtool)")
+    pytest.skip("no promtool: make unit installs it (tools/install-prometheus-tool .venv/bin/promtool)")
 
 
 def playbook(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -89,13 +89,16 @@ def test_every_exporter_instance_and_proxy_of_the_inventory_is_scraped(rendered)
                             ("10.0.0.12:8002", {"host": "node-b", "unit": "vllm@0"})]
     assert jobs["prometheus"] == [("127.0.0.1:9090", {})]
     assert config["rule_files"] == [str(rendered / "dcu-serving.rules.yml")]
+    # Alerts go to the Alertmanager dcu_alertmanager runs beside it (its export dcu_alertmanager_url).
+    assert config["alerting"] == {"alertmanagers": [{"scheme": "http",
+                                                     "static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
 
 
 def test_promtool_accepts_the_configuration_and_the_rules(promtool, rendered):
     rules = subprocess.run([promtool, "check", "rules", str(rendered / "dcu-serving.rules.yml")],
                            capture_output=True, text=True)
     assert rules.returncode == 0, rules.stdout + rules.stderr
-    assert "SUCCESS: 5 rules found" in rules.stdout
+    assert "SUCCESS: 8 rules found" in rules.stdout
     config = subprocess.run([promtool, "check", "config", str(rendered / "prometheus.yml")],
                             capture_output=True, text=True)
     assert config.returncode == 0, config.stdout + config.stderr
@@ -139,6 +142,61 @@ ALERT_TESTS = {
                      "exp_annotations": {"summary": 'DCU card 1 on node-a is unhealthy'}},
                     {"exp_labels": {"severity": "critical", "host": "node-b"},
                      "exp_annotations": {"summary": 'node-b shows only 3 DCU cards'}}]},
+            ],
+        },
+        {  # node-b: every target down -> one HostDown (with its InstanceDowns, which Alertmanager holds back);
+           # node-a: one instance down -> no HostDown
+            "interval": "15s",
+            "input_series": [
+                {"series": 'up{job="dcu-exporter", instance="10.0.0.12:9400", host="node-b"}', "values": "1 0x20"},
+                {"series": 'up{job="dcu-proxy", instance="10.0.0.12:8080", host="node-b"}', "values": "1 0x20"},
+                {"series": 'up{job="vllm", instance="10.0.0.12:8002", host="node-b", unit="vllm@0"}',
+                 "values": "1 0x20"},
+                {"series": 'up{job="dcu-exporter", instance="127.0.0.1:9400", host="node-a"}', "values": "1x20"},
+                {"series": 'up{job="vllm", instance="127.0.0.1:8002", host="node-a", unit="vllm@0"}',
+                 "values": "1 0x20"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "HostDown", "exp_alerts": []},
+                {"eval_time": "3m", "alertname": "HostDown", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "host": "node-b"},
+                     "exp_annotations": {"summary": "node-b is down: Prometheus reaches none of its services"}}]},
+            ],
+        },
+        {  # node-a: hy-smi stops answering, every card goes to health 0 -> one DCUDriverDown (before the cards'
+           # own DCUCardMissing at 5m); node-b: one card of two unhealthy -> no DCUDriverDown
+            "interval": "15s",
+            "input_series": [
+                {"series": 'dcu_card_health{host="node-a", card="0", pci="p0"}', "values": "1 0x40"},
+                {"series": 'dcu_card_health{host="node-a", card="1", pci="p1"}', "values": "1 0x40"},
+                {"series": 'dcu_card_health{host="node-b", card="0", pci="p0"}', "values": "1x40"},
+                {"series": 'dcu_card_health{host="node-b", card="1", pci="p1"}', "values": "1 0x40"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "DCUDriverDown", "exp_alerts": []},
+                {"eval_time": "3m", "alertname": "DCUDriverDown", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "host": "node-a"},
+                     "exp_annotations": {
+                         "summary": "No DCU card of node-a is healthy: the driver or hy-smi is down"}}]},
+                {"eval_time": "3m", "alertname": "DCUCardMissing", "exp_alerts": []},
+            ],
+        },
+        {  # vllm@1 on node-a answers 10% of its requests with errors (9 successes, 1 error a minute); vllm@0 none:
+           # only vllm@1 alerts, named by its unit (the proxy's backend 127.0.0.1:8003 is the instance on port 8003)
+            "interval": "1m",
+            "input_series": [
+                {"series": 'dcu_proxy_backend_errors_total{job="dcu-proxy", host="node-a", backend="127.0.0.1:8003", '
+                           'model="m"}', "values": "0+1x20"},
+                {"series": 'vllm:request_success_total{job="vllm", host="node-a", instance="127.0.0.1:8003", '
+                           'unit="vllm@1", finished_reason="stop", model_name="m"}', "values": "0+9x20"},
+                {"series": 'vllm:request_success_total{job="vllm", host="node-a", instance="127.0.0.1:8002", '
+                           'unit="vllm@0", finished_reason="stop", model_name="m"}', "values": "0+10x20"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "BackendErrorRatio", "exp_alerts": [
+                    {"exp_labels": {"severity": "warning", "host": "node-a", "port": "8003", "unit": "vllm@1"},
+                     "exp_annotations": {
+                         "summary": "vllm@1 on node-a answers 10% of its requests with errors"}}]},
             ],
         },
         {  # the queue grows past 20 and keeps growing for 10m; a steady queue of 50 does not alert
@@ -234,7 +292,7 @@ def _metrics_in(expr: str) -> set[str]:
     expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
     names = {m.group() for m in re.finditer(r"(?<![\w.])[a-zA-Z_:][a-zA-Z0-9_:]*", expr)
              if not expr[m.end():].lstrip().startswith("(")}  # a function's name, or an aggregation's
-    return names - {"and", "or", "unless", "bool", "offset"}
+    return names - {"and", "or", "unless", "bool", "offset", "group_left", "group_right"}
 
 
 def test_the_dashboard_imports_and_queries_metrics_that_exist():
@@ -257,6 +315,14 @@ def test_the_dashboard_imports_and_queries_metrics_that_exist():
                  "dcu_card_power_watts", "dcu_card_health", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "dcu_proxy_requests_total", "dcu_proxy_queue_depth", "dcu_proxy_backend_healthy"):
         assert name in used, name
+
+
+def test_the_alerts_query_metrics_that_exist(rendered):
+    rules = yaml.safe_load((rendered / "dcu-serving.rules.yml").read_text())["groups"][0]["rules"]
+    known = _known_metrics()
+    for rule in rules:
+        names = _metrics_in(rule["expr"])
+        assert names and names <= known, (rule["alert"], sorted(names - known))
 
 
 def test_the_dashboards_metric_check_catches_a_misspelt_name():

@@ -28,12 +28,21 @@ def exited(server, timeout: float = 10) -> int:
 
 
 def test_error_fault_answers_500_in_vllm_envelope(sim):
-    assert inject(sim, kind="error") == {"faults": [{"kind": "error", "status": 500}]}
+    assert inject(sim, kind="error") == {"faults": [{"kind": "error", "status": 500, "every": 1}]}
     r = chat(sim, body(max_tokens=2))
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "InternalServerError"
     clear(sim)
     assert chat(sim, body(max_tokens=2)).status_code == 200
+
+
+def test_error_every_tenth_completion_fails_one_in_ten(start_sim):
+    """A model that answers 10 % of its requests with a 500 and stays healthy (what a canary's soak must catch)."""
+    server = start_sim(*FAST_SIM, env={"DCU_SIM_FAULT": "error:status=500:every=10"})
+    statuses = [chat(server, body(max_tokens=2)).status_code for _ in range(30)]
+    assert [i for i, status in enumerate(statuses) if status != 200] == [9, 19, 29]
+    assert {statuses[i] for i in (9, 19, 29)} == {500}
+    assert http_status(server.url + "/health") == 200
 
 
 def test_fail_first_n_then_recover(sim):
@@ -115,6 +124,7 @@ def test_crash_at_start_after_a_delay(start_sim):
     ({"kind": "slow", "factor": "fast"}, "factor must be a float"),
     ({"kind": "hang", "seconds": 3}, "does not take seconds"),
     ({"kind": "fail_first", "status": 200}, "status must be an HTTP error status"),
+    ({"kind": "error", "every": 0}, "every must be positive"),
 ])
 def test_bad_fault_is_a_400_that_says_why(sim, fault, says):
     r = requests.post(sim.url + "/__sim/fault", json=fault, timeout=5)

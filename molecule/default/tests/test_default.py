@@ -14,6 +14,7 @@ from pathlib import Path
 
 import requests
 import yaml
+from pager import alerts_in, notifications, our_silences, prometheus
 from testkit import RESULTS, results_line, steady_load
 
 from dcu_serving.client import Client
@@ -183,9 +184,12 @@ def test_a_killed_container_is_brought_back_by_systemd(host, unit, dcu_module):
     assert result.get("summary") == "8/8", result.get("msg")
 
 
-def test_rolling_restart_under_load_fails_no_request(host, proxy_url, unit, run_playbook):
-    """rolling_restart.yml on two cards while requests flow: each card drained, restarted, undrained."""
+def test_rolling_restart_under_load_fails_no_request_and_pages_nobody(host, proxy_url, unit, run_playbook):
+    """rolling_restart.yml on two cards while requests flow: each card drained, restarted, undrained - and silenced
+    in Alertmanager meanwhile (converge.yml ran monitoring.yml): its InstanceDown reaches no pager."""
     before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in (0, 1)}
+    paged = len(notifications(host))
+    started = time.time()
     with steady_load(proxy_url, MODEL) as outcomes:
         rc, out = run_playbook("rolling_restart.yml", extra_vars={"dcu_vllm_restart_cards": [0, 1]})
     assert rc == 0, out[-3000:]
@@ -193,6 +197,23 @@ def test_rolling_restart_under_load_fails_no_request(host, proxy_url, unit, run_
         assert unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") != before[card]
     failures = [o for o in outcomes if o[0] != 200]
     assert outcomes and not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+
+    # Each card had its silence, ended once it served again (after the grace: 10 s, host_vars/node.yml) ...
+    for card in (0, 1):
+        silences = [s for s in our_silences(host, f"vllm@{card}")
+                    if datetime.fromisoformat(s["updatedAt"].replace("Z", "+00:00")).timestamp() >= started - 60]
+        assert silences, f"no silence was put on vllm@{card}"
+        assert all("rolling" in s["createdBy"].lower() for s in silences), silences
+    wait_until(lambda: not [s for card in (0, 1) for s in our_silences(host, f"vllm@{card}")
+                            if s["status"]["state"] != "expired"], 60, interval=1, what="the silences ended")
+    # ... by then Prometheus sees both up, so nothing of theirs can page any more: the pager got nothing.
+    wait_until(lambda: not prometheus(host, "/api/v1/query", query='ALERTS{alertname="InstanceDown"}')["result"],
+               60, interval=1, what="no InstanceDown pending or firing")
+    fired = prometheus(host, "/api/v1/query", query='max_over_time(ALERTS{alertname="InstanceDown", '
+                       f'alertstate="firing"}}[{int(time.time() - started) + 5}s])')["result"]
+    print(f"InstanceDown fired for {sorted(r['metric']['unit'] for r in fired)} during the rolling restart, silenced")
+    # (a notification may still tell that an earlier test's alert resolved)
+    assert alerts_in(notifications(host)[paged:], host="node") == [], "the rolling restart paged someone"
 
 
 def test_a_same_tag_re_release_whose_model_never_becomes_ready_is_rolled_back_to_the_old_image_by_id(
@@ -274,6 +295,7 @@ def test_a_canary_that_crashes_under_callers_fails_its_soak_and_is_rolled_back(h
     host.check_output(f"printf '{dockerfile}' | docker build --quiet --tag {new} -")
     envs = {card: host.file(f"/etc/dcu-serving/vllm/{card}.env").content_string for card in range(CARDS)}
     before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(CARDS)}
+    paged = len(notifications(host))
     started = time.monotonic()
     with steady_load(proxy_url, MODEL) as outcomes:
         rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_image": new, "dcu_vllm_canary_soak": 120})
@@ -299,6 +321,55 @@ def test_a_canary_that_crashes_under_callers_fails_its_soak_and_is_rolled_back(h
     assert served_by_canary, "no caller's request reached the canary during its soak"
     assert len(failures) <= 6 and all(o == (502, canary) for o in failures), failures  # 6 callers at most in flight
     host.check_output(f"docker image rm {new}")
+    # The failure pages, though the rollback left the host serving: DCUChangeFailed, at the pager.
+    failed = wait_until(lambda: alerts_in(notifications(host)[paged:], alertname="DCUChangeFailed", unit="vllm@0"),
+                        60, interval=0.5, what="DCUChangeFailed of vllm@0 at the pager")
+    alert = failed[0][1]
+    print(f"DCUChangeFailed reached the pager {time.monotonic() - started - took:.1f}s after serving.yml returned")
+    assert alert["labels"]["severity"] == "warning" and alert["labels"]["host"] == "node"
+    assert alert["annotations"]["summary"] == "The canary vllm@0 on node failed its restart; its change is rolled back"
+    assert "it failed its 120 s soak" in " ".join(alert["annotations"]["description"].split())
+
+
+def test_a_canary_answering_one_request_in_ten_with_a_500_fails_its_soak_and_is_rolled_back(
+        host, proxy_url, unit, run_playbook, dcu_module):
+    """serving.yml with a new image whose model answers every tenth completion with a 500 and stays healthy (the
+    simulator's `error:every=10` fault built in) and a 120 s canary soak: vllm@0 passes its real request and every
+    health check, but its answers with status >= 500 (dcu-proxy's count per backend) pass dcu_vllm_canary_error_ratio
+    (5 %, over at least 20 answers) while the other 7 answer none: the soak fails, the rollback puts vllm@0 back on the
+    old image, and DCUChangeFailed reaches the pager. Only requests vllm@0 answered fail, with its 500."""
+    old = host.check_output("sed -n 's/^DCU_VLLM_IMAGE=//p' /etc/dcu-serving/vllm/0.env")
+    new = old.rsplit(":", 1)[0] + ":one-in-ten-fails"
+    dockerfile = f"FROM {old}\\nENV DCU_SIM_FAULT=error:status=500:every=10\\n"
+    host.check_output(f"printf '{dockerfile}' | docker build --quiet --tag {new} -")
+    before = {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)}
+    paged = len(notifications(host))
+    started = time.monotonic()
+    with steady_load(proxy_url, MODEL) as outcomes:
+        rc, out = run_playbook("serving.yml", extra_vars={"dcu_vllm_image": new, "dcu_vllm_canary_soak": 120})
+    took = time.monotonic() - started
+    assert rc != 0, out[-3000:]
+    out = " ".join(out.split())
+    found = re.search(r"it failed its 120 s soak after about (\d+) s under callers' requests \((\d+) answered\): "
+                      r"it answered (\d+) of its (\d+) requests with status >= 500 \((\d+)%\), against 0 of", out)
+    assert found, out[-3000:]
+    soaked, _, errors, answered, percent = (int(g) for g in found.groups())
+    assert "Rolled back on node" in out and "8/8 serve again" in out, out[-3000:]
+    assert soaked < 120 and errors >= 2 and 5 < percent <= 34, found.group()
+    assert host.check_output("docker inspect --format '{{.Config.Image}}' vllm-0") == old
+    assert {card: unit(host, f"vllm@{card}", "ExecMainStartTimestampMonotonic") for card in range(1, CARDS)} == \
+        before, "an instance after the canary was restarted"
+    result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, timeout=30)
+    assert result.get("summary") == "8/8", result.get("msg")
+    canary = BACKENDS[0].split("//")[1]
+    failures = [o for o in outcomes if o[0] != 200]
+    print(f"soak failed after about {soaked} s ({errors} of {answered} answers of the canary were 500s), rolled back "
+          f"in {took:.1f}s; callers: {len(outcomes)} requests, {len(failures)} failed")
+    assert failures and all(o == (500, canary) for o in failures), failures[:5]
+    host.check_output(f"docker image rm {new}")
+    failed = wait_until(lambda: alerts_in(notifications(host)[paged:], alertname="DCUChangeFailed", unit="vllm@0"),
+                        60, interval=0.5, what="DCUChangeFailed of vllm@0 at the pager")
+    assert "with status >= 500" in failed[0][1]["annotations"]["description"]
 
 
 def test_a_card_left_out_is_retired_and_the_proxy_reloads_without_restarting(host, unit, run_playbook, recap,

@@ -1,13 +1,17 @@
 """testinfra checks of monitoring on the emulated node (converge.yml ends with playbooks/monitoring.yml):
-dcu-exporter as its own user, Prometheus installed from the bundle with no package source, every scrape target
-up, and a stopped instance's alert, all read through Prometheus' HTTP API on the node (it listens on loopback)."""
+dcu-exporter as its own user, Prometheus and Alertmanager installed from the bundle with no package source, every
+scrape target up, and a stopped instance's alert - fired in Prometheus and delivered once to the test pager (a real
+webhook receiver on the node, converge.yml) - and the inhibitions that make a dead host or a stopped driver one page,
+read through Prometheus' and Alertmanager's HTTP APIs on the node (they listen on loopback)."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.parse
+from datetime import UTC, datetime, timedelta
 
+from pager import alertmanager, alerts_in, notifications
 from testkit import steady_load
 
 from support import wait_until  # tests/support.py, on pytest's pythonpath
@@ -89,8 +93,26 @@ def test_prometheus_comes_from_the_bundle_and_runs_as_prometheus_on_loopback(hos
     assert "127.0.0.1:9090" in listening and "*:9090" not in listening, listening
     assert "/etc/prometheus/dcu-serving.rules.yml" in api(host, "/api/v1/status/config")["yaml"]
     rules = api(host, "/api/v1/rules")["groups"][0]["rules"]
-    assert [r["name"] for r in rules] == ["DCUCardMissing", "InstanceDown", "ProxyQueueGrowing", "ProxyErrorRatio",
+    assert [r["name"] for r in rules] == ["DCUCardMissing", "InstanceDown", "HostDown", "DCUDriverDown",
+                                          "ProxyQueueGrowing", "ProxyErrorRatio", "BackendErrorRatio",
                                           "DCUVRAMNearFull"]
+
+
+def test_alertmanager_comes_from_the_bundle_checked_by_amtool_with_its_secret_apart(host):
+    assert host.check_output("dpkg-query --show --showformat='${Version}' prometheus-alertmanager") == "0.25.0-1+b4"
+    assert host.check_output("systemctl show --property=User --value prometheus-alertmanager") == "prometheus"
+    check = host.run("amtool check-config /etc/prometheus/alertmanager.yml")
+    assert check.rc == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    listening = host.check_output("ss -Hltn 'sport = :9093 or sport = :9094'")
+    assert "127.0.0.1:9093" in listening and ":9094" not in listening, listening  # no cluster port
+    # Prometheus sends to it
+    sent_to = api(host, "/api/v1/alertmanagers")["activeAlertmanagers"]
+    assert [a["url"] for a in sent_to] == ["http://127.0.0.1:9093/api/v2/alerts"]
+    # The token is in its own file, readable by the prometheus group only; the configuration names the file.
+    token = "/etc/prometheus/alertmanager-secrets/webhook-0-operators-0.token"
+    assert host.file(token).mode == 0o640 and host.file(token).group == "prometheus"
+    assert "mol-pager-token" not in host.file("/etc/prometheus/alertmanager.yml").content_string
+    assert token in host.file("/etc/prometheus/alertmanager.yml").content_string
 
 
 def test_every_exporter_instance_and_proxy_is_scraped_with_up_1(host):
@@ -112,22 +134,77 @@ def test_a_stopped_instance_fires_instance_down_naming_its_unit(host):
 
     # A quiet start: the serving tests before this one stop and restore instances (vllm@3's missing image), and
     # an alert stays firing until a rule evaluation after its target is back.
-    wait_until(lambda: set(up_by_target(host).values()) == {"1"} and firing() == [], 120, interval=1,
-               what="every target up and no InstanceDown firing")
+    wait_until(lambda: set(up_by_target(host).values()) == {"1"} and firing() == []
+               and not alertmanager(host, "/alerts", filter='alertname="InstanceDown"'), 120, interval=1,
+               what="every target up and no InstanceDown firing, in Prometheus and in Alertmanager")
+    before = len(notifications(host))
     asked = time.monotonic()
     host.run_expect([0], "systemctl stop vllm@1")  # returns once the container is gone
     stopped = time.monotonic()
     try:
         # 2s scrapes and evaluations, for: 6s (host_vars/node.yml)
         alerts = wait_until(firing, 90, interval=1, what="InstanceDown firing for vllm@1")
-        print(f"InstanceDown fired {time.monotonic() - asked:.1f}s after `systemctl stop vllm@1` was run "
-              f"(which took {stopped - asked:.1f}s)")
+        fired = time.monotonic()
         assert [(a["job"], a["unit"], a["host"], a["severity"]) for a in alerts] == [
             ("vllm", "vllm@1", "node", "critical")]
+        # ... and delivered to the pager (Alertmanager's group_wait: 1s), as one notification of one alert
+        delivered = wait_until(lambda: alerts_in(notifications(host)[before:], alertname="InstanceDown"), 60,
+                               interval=0.5, what="InstanceDown of vllm@1 at the pager")
+        arrived = time.monotonic()
+        print(f"InstanceDown fired {fired - asked:.1f}s and reached the pager {arrived - asked:.1f}s after "
+              f"`systemctl stop vllm@1` was run (which took {stopped - asked:.1f}s)")
     finally:
         host.run_expect([0], "systemctl start vllm@1")
     wait_until(lambda: up_by_target(host).get(("vllm", "vllm@1")) == "1", 180, interval=1, what="vllm@1 up again")
     wait_until(lambda: firing() == [], 60, interval=1, what="InstanceDown resolved")
+    resolved = wait_until(lambda: alerts_in(notifications(host)[before:], "resolved", alertname="InstanceDown"), 60,
+                          interval=0.5, what="the pager told that vllm@1 is back")
+    notes = notifications(host)[before:]
+    assert [note["authorized"] for note in notes] == [True] * len(notes)  # the inventory's bearer token
+    # One alert paged: the first notification holds it alone, and no other alert fired meanwhile. (A notification
+    # of its group may repeat it alongside an earlier test's alert that resolved: Alertmanager sends a group whole.)
+    paged = {(a["labels"]["alertname"], a["labels"].get("unit"), a["startsAt"]) for _, a in alerts_in(notes)}
+    assert len(paged) == 1 and next(iter(paged))[:2] == ("InstanceDown", "vllm@1"), paged
+    first = notes[delivered[0][0]]["notification"]["alerts"]
+    assert [(a["labels"]["unit"], a["status"]) for a in first] == [("vllm@1", "firing")], first
+    assert delivered[0][1]["annotations"]["summary"] == "vllm vllm@1 on node is down"
+    assert [a["labels"]["unit"] for _, a in resolved] == ["vllm@1"]
+
+
+def test_a_dead_host_pages_once_and_a_stopped_driver_once(host):
+    """Alertmanager's inhibitions on the alerts Prometheus would send: for ghost-a, a host that is down, its HostDown
+    and the InstanceDown and DCUCardMissing of its 8 cards; for ghost-b, whose driver stopped, its DCUDriverDown, its
+    8 cards' DCUCardMissing, its 8 instances' InstanceDown - and its proxy's InstanceDown, which the driver does not
+    explain. The pager gets HostDown, DCUDriverDown and the proxy's InstanceDown; Alertmanager holds the rest back,
+    naming the alert that explains each."""
+    labels = []
+    for card in range(CARDS):
+        labels += [{"alertname": "InstanceDown", "job": "vllm", "unit": f"vllm@{card}", "severity": "critical"},
+                   {"alertname": "DCUCardMissing", "card": str(card), "severity": "critical"}]
+    ghost_a = [{"alertname": "HostDown", "severity": "critical"}, *labels]
+    ghost_b = [{"alertname": "DCUDriverDown", "severity": "critical"},
+               {"alertname": "InstanceDown", "job": "dcu-proxy", "severity": "critical"}, *labels]
+    sent = [{**lab, "host": "ghost-a"} for lab in ghost_a] + [{**lab, "host": "ghost-b"} for lab in ghost_b]
+    before = len(notifications(host))
+    alertmanager(host, "/alerts", "POST", [{"labels": lab, "annotations": {"summary": "test"}} for lab in sent])
+
+    def paged():
+        return sorted((a["labels"]["host"], a["labels"]["alertname"], a["labels"].get("job", ""))
+                      for _, a in alerts_in(notifications(host)[before:]))
+    expected = [("ghost-a", "HostDown", ""), ("ghost-b", "DCUDriverDown", ""), ("ghost-b", "InstanceDown", "dcu-proxy")]
+    wait_until(lambda: paged() == expected, 30, interval=0.5, what=f"{expected} at the pager (last: {paged()})")
+    held_back = alertmanager(host, "/alerts", filter='host=~"ghost-.*"')
+    state = {(a["labels"]["host"], a["labels"]["alertname"], a["labels"].get("job", ""), a["labels"].get("unit", ""),
+              a["labels"].get("card", "")): a["status"] for a in held_back}
+    assert len(state) == len(sent)
+    held = {key: s for key, s in state.items() if s["state"] == "suppressed"}
+    assert len(held) == 4 * CARDS and all(s["inhibitedBy"] for s in held.values()), held
+    assert paged() == expected, "an inhibited alert reached the pager"
+    # resolved now: they leave the next tests' pager quiet
+    now = datetime.now(UTC)
+    alertmanager(host, "/alerts", "POST", [{"labels": lab, "annotations": {"summary": "test"},
+                                            "startsAt": (now - timedelta(minutes=5)).isoformat(),
+                                            "endsAt": now.isoformat()} for lab in sent])
 
 
 def test_check_mode_on_the_converged_node_changes_nothing(host, run_playbook, recap):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 KINDS: dict[str, dict[str, tuple[type, object]]] = {
     "crash": {"after_s": (float, 0.0)},             # the process exits (code 1) after_s seconds from now
     "hang": {},                                     # accepts connections, never answers (except /__sim)
-    "error": {"status": (int, 500)},                # every chat completion fails with this status
+    "error": {"status": (int, 500), "every": (int, 1)},  # every `every`-th completion fails with this status
     "slow": {"factor": (float, 5.0)},               # time to first token and inter-token latency × factor
     "unhealthy": {},                                # /health and /ping answer 503, like a dead engine
     "fail_first": {"count": (int, 1), "status": (int, 500)},  # the next `count` completions fail
@@ -25,7 +25,7 @@ KINDS: dict[str, dict[str, tuple[type, object]]] = {
 }
 
 HELP = (
-    "crash[:after_s=S] | hang | error[:status=500] | slow[:factor=5] | unhealthy | "
+    "crash[:after_s=S] | hang | error[:status=500:every=1] | slow[:factor=5] | unhealthy | "
     "fail_first[:count=1:status=500] | crash_mid_stream[:after_tokens=5] | error_mid_stream[:after_tokens=5]"
 )
 
@@ -69,7 +69,7 @@ class Fault:
                 value = kind_type(value)
             except (TypeError, ValueError):
                 raise FaultError(f"fault {kind!r}: {name} must be a {kind_type.__name__}, got {value!r}") from None
-            if value < 0 or (name in ("factor", "count") and value == 0):
+            if value < 0 or (name in ("factor", "count", "every") and value == 0):
                 raise FaultError(f"fault {kind!r}: {name} must be positive, got {value!r}")
             params[name] = value
         if "status" in params and not 400 <= params["status"] <= 599:
@@ -108,9 +108,12 @@ class Faults:
         self.active: dict[str, Fault] = {}
         self._not_hanging = asyncio.Event()
         self._not_hanging.set()
+        self._completions = 0  # since the `error` fault was set: its `every`-th fails
 
     def set(self, fault: Fault):
         self.active[fault.kind] = fault
+        if fault.kind == "error":
+            self._completions = 0
         self._sync_hang()
 
     def clear(self, kind: str | None = None):
@@ -157,8 +160,11 @@ class Faults:
 
     def take_error_status(self) -> tuple[int, str] | None:
         """The status a new completion must fail with (and which fault says so), or None."""
-        if "error" in self.active:
-            return self.active["error"].params["status"], "error"
+        fault = self.active.get("error")
+        if fault:
+            self._completions += 1
+            if self._completions % fault.params["every"] == 0:
+                return fault.params["status"], "error"
         fault = self.active.get("fail_first")
         if fault:
             left = fault.params["count"] - 1
