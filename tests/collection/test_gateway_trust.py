@@ -44,7 +44,7 @@ def run(tmp_path: Path, gateway: dict) -> tuple[int, str, list]:
 def test_a_serving_host_answers_the_gateway_of_the_inventory_and_presents_its_secret_itself(tmp_path):
     code, out, results = run(tmp_path, {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": SECRET})
     assert code == 0, out
-    assert results[-1]["msg"] == {"url": "http://10.20.0.5:4000", "allow": ["10.20.0.5"], "secret_set": True,
+    assert results[-1]["msg"] == {"url": "https://10.20.0.5:4000", "allow": ["10.20.0.5"], "secret_set": True,
                                   "headers_set": True}
     assert SECRET not in out
 

@@ -114,9 +114,11 @@ SECRET = "gw-proxy-secret-0123456789"
 def test_a_serving_host_trusts_the_gateways_addresses_and_secret_and_names_their_url():
     hostvars = {"gw1": {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": SECRET},
                 "gw2": {"ansible_host": "gw2.example", "dcu_gateway_source_addresses": ["10.20.0.6", "10.30.0.0/24"],
-                        "dcu_gateway_listen": "0.0.0.0:4443", "dcu_gateway_proxy_secret": SECRET}}
+                        "dcu_gateway_listen": "0.0.0.0:4443", "dcu_gateway_proxy_secret": SECRET,
+                        "dcu_gateway_tls": "off"}}
+    # HTTPS unless a gateway's TLS is off (dcu_gateway_tls defaults to site)
     assert gateway_trust(["gw1", "gw2"], hostvars, "0.0.0.0:4000") == {
-        "url": "http://10.20.0.5:4000 or http://gw2.example:4443", "allow": ["10.20.0.5", "10.20.0.6", "10.30.0.0/24"],
+        "url": "https://10.20.0.5:4000 or http://gw2.example:4443", "allow": ["10.20.0.5", "10.20.0.6", "10.30.0.0/24"],
         "secret": SECRET}
     hostvars["gw1"]["dcu_gateway_public_url"] = "https://llm.example.internal"
     assert gateway_trust(["gw1"], hostvars)["url"] == "https://llm.example.internal"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import threading
 import time
@@ -35,6 +36,8 @@ KEYS = {APP: os.environ["DCU_FLEET_APP_KEY"], LIMITED: os.environ["DCU_FLEET_LIM
 MASTER = os.environ["DCU_FLEET_MASTER_KEY"]
 PROXY_SECRET = os.environ["DCU_FLEET_PROXY_SECRET"]
 LIMITED_RPM = 2  # host_vars/gateway.yml
+# The lab CA the gateway's certificate was made with (dcu_gateway_tls: lab), as callers are given it.
+GATEWAY_CA = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "tls", "ca.pem")
 
 
 def container(name: str) -> str:
@@ -58,9 +61,19 @@ def results(name: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def client(key: str) -> openai.OpenAI:
+def gateway_url() -> str:
+    return f"https://{address('gateway')}:4000"
+
+
+def verified() -> ssl.SSLContext:
+    """What a caller verifies the gateway with: the CA it was given, and the gateway's address as the name."""
+    return ssl.create_default_context(cafile=GATEWAY_CA)
+
+
+def client(key: str, tls: ssl.SSLContext | None = None) -> openai.OpenAI:
     # No client-side retries: every failure the gateway lets through counts.
-    return openai.OpenAI(base_url=f"http://{address('gateway')}:4000/v1", api_key=key, max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{gateway_url()}/v1", api_key=key, max_retries=0, timeout=60,
+                         http_client=openai.DefaultHttpxClient(verify=tls or verified()))
 
 
 def chat(c: openai.OpenAI) -> str:
@@ -129,8 +142,27 @@ def test_a_wrong_key_gets_401_and_a_key_over_its_rpm_429_while_others_go_on():
     assert chat(client(KEYS[APP]))  # another caller is not held back
 
 
+def test_callers_reach_the_gateway_over_tls_only_and_verify_it_with_the_lab_ca():
+    """The gateway speaks HTTPS only: a caller that verifies with the lab's CA gets its answer; one that trusts only
+    the system's CAs refuses the certificate before any key is sent; plain HTTP gets no API answer. The key stays
+    on the gateway, readable by its service's group only."""
+    assert chat(client(KEYS[APP]))
+    with pytest.raises(openai.APIConnectionError) as untrusted:
+        chat(client(KEYS[APP], tls=ssl.create_default_context()))
+    assert "CERTIFICATE_VERIFY_FAILED" in repr(untrusted.value.__cause__) + repr(untrusted.value.__context__)
+    plain = f"http://{address('gateway')}:4000/v1/models"
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(urllib.request.Request(plain, headers={"Authorization": f"Bearer {KEYS[APP]}"}),
+                               timeout=10)
+    modes = on("gateway", "stat", "-c", "%n %a %U:%G", "/etc/dcu-gateway/tls/gateway.key",
+               "/etc/dcu-gateway/tls/gateway.pem").splitlines()
+    assert modes == ["/etc/dcu-gateway/tls/gateway.key 640 root:dcu-gateway",
+                     "/etc/dcu-gateway/tls/gateway.pem 644 root:root"]
+    assert oct(os.stat(os.path.join(os.path.dirname(GATEWAY_CA), "gateway.key")).st_mode & 0o777) == "0o600"
+
+
 def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway():
-    gateway = f"http://{address('gateway')}:4000"
+    gateway = gateway_url()
     for n in NODES:
         body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8})
         request = urllib.request.Request(f"http://{address(n)}:8000/v1/chat/completions", data=body.encode(),
@@ -171,13 +203,13 @@ def test_a_forged_caller_on_an_allowed_address_is_refused_while_the_gateways_cal
     wait_until(lambda: any(r.get("caller") == "fleet-proven" for r in results("node-a")), 15, interval=0.5,
                what="the proven call's results line naming its caller")
 
-    health = f"http://{address('gateway')}:4000/health?model_id=node-a/{MODEL}"
+    health = f"{gateway_url()}/health?model_id=node-a/{MODEL}"
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(urllib.request.Request(health, headers={"Authorization": f"Bearer {KEYS[APP]}"}),
-                               timeout=60)
+                               timeout=60, context=verified())
     assert refused.value.code == 403 and "inference paths only" in refused.value.read().decode()
     with urllib.request.urlopen(urllib.request.Request(health, headers={"Authorization": f"Bearer {KEYS[PROBE]}"}),
-                                timeout=120) as answer:
+                                timeout=120, context=verified()) as answer:
         assert json.loads(answer.read())["healthy_count"] == 1
 
 
