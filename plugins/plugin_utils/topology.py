@@ -166,7 +166,7 @@ def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
     gateways: the inventory's gateway hosts (group dcu_gateways); listen: dcu_gateway's own default listen, for a
     gateway whose vars do not set dcu_gateway_listen. `allow`: each gateway's dcu_gateway_source_addresses, else its
     ansible_host when that is an IP address; `url` (named in the 403 other callers get): dcu_gateway_public_url, else
-    https://<ansible_host>:<its port> (http:// when its dcu_gateway_tls is off); `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the
+    https://<dcu_gateway_vip, else ansible_host>:<its port> (http:// when its dcu_gateway_tls is off); `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the
     gateway and the variable when one cannot be worked out."""
     if not gateways:
         return {}
@@ -178,8 +178,10 @@ def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
                 allow.append(source)
         port = str(facts.get("dcu_gateway_listen") or listen).rsplit(":", 1)[-1]
         scheme = "http" if facts.get("dcu_gateway_tls") == "off" else "https"  # dcu_gateway_tls defaults to site
-        urls.append(str(facts.get("dcu_gateway_public_url")
-                        or "{}://{}:{}".format(scheme, url_host(str(facts.get("ansible_host") or name)), port)))
+        where = facts.get("dcu_gateway_vip") or facts.get("ansible_host") or name  # the floating address first
+        url = str(facts.get("dcu_gateway_public_url") or "{}://{}:{}".format(scheme, url_host(str(where)), port))
+        if url not in urls:  # gateways behind one floating address share it
+            urls.append(url)
         secret = str(facts.get("dcu_gateway_proxy_secret") or "")
         if len(secret) < 16:
             raise AnsibleFilterError(

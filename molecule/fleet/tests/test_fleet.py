@@ -61,8 +61,21 @@ def results(name: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+GATEWAYS = ("gateway", "gateway-b")
+
+
+def floating_address() -> str:
+    """The address callers use, held by one gateway at a time (host_vars/gateway.yml: .250 of the network)."""
+    return ".".join([*address("gateway").split(".")[:3], "250"])
+
+
+def holders() -> list[str]:
+    """The gateways that hold the floating address now."""
+    return [g for g in GATEWAYS if on(g, "ip", "-o", "-4", "addr", "show", "to", f"{floating_address()}/32").strip()]
+
+
 def gateway_url() -> str:
-    return f"https://{address('gateway')}:4000"
+    return f"https://{floating_address()}:4000"
 
 
 def verified() -> ssl.SSLContext:
@@ -70,9 +83,9 @@ def verified() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=GATEWAY_CA)
 
 
-def client(key: str, tls: ssl.SSLContext | None = None) -> openai.OpenAI:
-    # No client-side retries: every failure the gateway lets through counts.
-    return openai.OpenAI(base_url=f"{gateway_url()}/v1", api_key=key, max_retries=0, timeout=60,
+def client(key: str, tls: ssl.SSLContext | None = None, retries: int = 0) -> openai.OpenAI:
+    # No client-side retries unless asked: every failure the gateway lets through counts.
+    return openai.OpenAI(base_url=f"{gateway_url()}/v1", api_key=key, max_retries=retries, timeout=60,
                          http_client=openai.DefaultHttpxClient(verify=tls or verified()))
 
 
@@ -438,6 +451,58 @@ def test_a_new_bundle_is_built_beside_the_running_gateway_and_a_broken_one_chang
     assert on("gateway", "readlink", GATEWAY_VENV).strip() == old
     assert on("gateway", "readlink", f"{GATEWAY_VENV}.previous").strip() == new
     assert on("gateway", "stat", "--format=%Y", f"/opt/dcu-gateway/{old}/.dcu-gateway-digest") == built
+    assert chat(client(KEYS[APP]))
+
+
+def test_two_gateways_behind_one_address_lose_at_most_the_requests_in_flight_on_the_one_stopped():
+    """Callers use the floating address; keepalived on both gateways (VRRP over unicast, a check of the local LiteLLM
+    every second) keeps it on a live one. Under steady load - 4 callers with the openai SDK retrying a refused
+    connection, as callers do - the gateway that holds it is stopped: at most the requests in flight on it fail, the
+    address moves within seconds, the rest are answered through the other gateway, and the first one, back, does not
+    take the address back (nopreempt: that would break the other's connections a second time)."""
+    held = holders()
+    assert len(held) == 1, held  # one gateway at a time (the first of the group, unless a restart moved it)
+    holder, other = held[0], next(g for g in GATEWAYS if g != held[0])
+    outcomes: list[tuple[float, float, object]] = []
+    done = threading.Event()
+
+    def caller():
+        c = client(KEYS[APP], retries=5)  # backoff 0.5, 1, 2, 4, 8 s: longer than the address takes to move
+        while not done.is_set():
+            began = time.monotonic()
+            status = attempt(c)
+            outcomes.append((began, time.monotonic(), status))
+
+    callers = [threading.Thread(target=caller, daemon=True) for _ in range(4)]
+    for t in callers:
+        t.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 12, 60, interval=0.2, what="12 answers before the stop")
+        stopped_at = time.monotonic()
+        on(holder, "systemctl", "stop", "dcu-gateway")
+        wait_until(lambda: holders() == [other], 30, interval=0.2, what=f"the address on {other}")
+        moved_after = time.monotonic() - stopped_at
+        answered_before = len(outcomes)
+        wait_until(lambda: len(outcomes) >= answered_before + 12, 60, interval=0.2,
+                   what=f"12 answers through {other}")
+    finally:
+        done.set()
+        for t in callers:
+            t.join(90)
+    in_flight = sum(1 for began, ended, _ in outcomes if began <= stopped_at <= ended)
+    failed = [o for o in outcomes if o[2] != 200]
+    print(f"failover from {holder} to {other}: the address moved {moved_after:.1f} s after the stop; "
+          f"{len(outcomes)} requests, {len(failed)} failed ({[o[2] for o in failed]}), "
+          f"{in_flight} in flight at the stop")
+    assert len(failed) <= in_flight, (failed, in_flight)
+    assert all(o[2] == 200 for o in outcomes if o[0] > stopped_at + moved_after)
+
+    started = on(holder, "date", "+%Y-%m-%d %H:%M:%S").strip()
+    on(holder, "systemctl", "start", "dcu-gateway")
+    wait_until(lambda: "Entering BACKUP STATE" in on(holder, "journalctl", "-u", "keepalived", "--since", started,
+                                                      "--no-pager", check=False), 120, interval=1,
+               what=f"{holder}'s keepalived back as BACKUP once its LiteLLM answers")
+    assert holders() == [other]
     assert chat(client(KEYS[APP]))
 
 
