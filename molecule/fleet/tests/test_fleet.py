@@ -349,6 +349,7 @@ def test_verify_reports_each_host_and_model_through_the_gateway(run_playbook, tm
     md = (tmp_path / "fleet.md").read_text()
     assert all(f"| {n} | {MODEL} | 1/1 | 4/4 |" in md for n in NODES), md
     assert KEYS[APP] not in out  # the probes' caller key is never shown
+    assert f"{floating_address()} is on {holders()[0]}" in out  # one gateway holds the callers' address
 
 
 def test_a_failed_change_leaves_the_host_drained_only_if_it_is_broken(run_playbook):
