@@ -166,8 +166,9 @@ def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
     gateways: the inventory's gateway hosts (group dcu_gateways); listen: dcu_gateway's own default listen, for a
     gateway whose vars do not set dcu_gateway_listen. `allow`: each gateway's dcu_gateway_source_addresses, else its
     ansible_host when that is an IP address; `url` (named in the 403 other callers get): dcu_gateway_public_url, else
-    https://<dcu_gateway_vip, else ansible_host>:<its port> (http:// when its dcu_gateway_tls is off); `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the
-    gateway and the variable when one cannot be worked out."""
+    https://<dcu_gateway_vip, else ansible_host>:<its port> (http:// when its dcu_gateway_tls is off), once for
+    gateways sharing it; `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the gateway and
+    the variable when one cannot be worked out."""
     if not gateways:
         return {}
     allow, urls, secrets = [], [], {}

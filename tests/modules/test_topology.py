@@ -123,8 +123,8 @@ def test_a_serving_host_trusts_the_gateways_addresses_and_secret_and_names_their
     # two gateways behind one floating address: callers are sent there, once
     both = {name: dict(facts, dcu_gateway_vip="10.20.0.100", ansible_host=address)
             for name, facts, address in (("gw1", hostvars["gw1"], "10.20.0.5"), ("gw2", hostvars["gw1"], "10.20.0.6"))}
-    assert gateway_trust(["gw1", "gw2"], both) == {"url": "https://10.20.0.100:4000", "allow": ["10.20.0.5", "10.20.0.6"],
-                                                   "secret": SECRET}
+    assert gateway_trust(["gw1", "gw2"], both) == {"url": "https://10.20.0.100:4000",
+                                                   "allow": ["10.20.0.5", "10.20.0.6"], "secret": SECRET}
     hostvars["gw1"]["dcu_gateway_public_url"] = "https://llm.example.internal"
     assert gateway_trust(["gw1"], hostvars)["url"] == "https://llm.example.internal"
     assert gateway_trust([], hostvars) == {}
