@@ -13,7 +13,7 @@ description:
     and a server certificate for O(name) signed by it (C(<name>.pem), C(<name>.key)), valid for O(names).
   - The CA is made once and kept; callers verify the server with C(ca.pem). The server certificate is made again
     when it is missing, names other names than O(names), was not signed by this CA, or expires within 30 days.
-  - Keys are written 0600 and never returned. Run on the controller (C(delegate_to: localhost)), so that the
+  - Keys are written 0600 and never returned. Run on the controller (delegated to C(localhost)), so that the
     directory is recorded beside the inventory; it needs Python's C(cryptography), which ansible-core requires.
   - A site with its own CA gives the certificate and key from ansible-vault instead; see the dcu_gateway role.
 author:
@@ -245,8 +245,8 @@ def main():
     _write(key_path, _key_pem(key), 0o600)
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     result["not_after"] = _not_after(cert).isoformat()
-    result["diff"] = dict(before=before, after="names: %s\nnot_after: %s\n" % (", ".join(_names_of(cert)),
-                                                                              result["not_after"]))
+    after = "names: %s\nnot_after: %s\n" % (", ".join(_names_of(cert)), result["not_after"])
+    result["diff"] = dict(before=before, after=after)
     module.exit_json(**result)
 
 
