@@ -61,17 +61,17 @@ RETURN = r"""
 ca:
   description: The CA's certificate, which callers verify the server with.
   returned: always
-  type: path
+  type: str
   sample: /srv/inventories/lab/tls/ca.pem
 cert:
   description: The server certificate.
   returned: always
-  type: path
+  type: str
   sample: /srv/inventories/lab/tls/gateway.pem
 key:
   description: The server certificate's key (0600).
   returned: always
-  type: path
+  type: str
   sample: /srv/inventories/lab/tls/gateway.key
 not_after:
   description: When the server certificate expires (UTC, ISO 8601), or null in check mode when it would be made.
