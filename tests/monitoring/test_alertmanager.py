@@ -6,10 +6,7 @@ Alertmanager in molecule/default (tests/test_alerts.py)."""
 
 from __future__ import annotations
 
-import glob
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,21 +17,6 @@ from ansible_collections.dcu.serving.plugins.plugin_utils.alerting import INHIBI
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SECRETS = "/etc/prometheus/alertmanager-secrets"
-
-
-@pytest.fixture(scope="module")
-def amtool(tmp_path_factory) -> str:
-    """amtool on PATH or in the venv (make unit installs it: tools/install-prometheus-tool), else the one in the built
-    bundle's Alertmanager package."""
-    found = shutil.which("amtool") or shutil.which("amtool", path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    debs = sorted(glob.glob(str(ROOT / "build" / "bundle" / "debs" / "prometheus-alertmanager_*.deb")))
-    if debs and shutil.which("dpkg-deb"):
-        out = tmp_path_factory.mktemp("alertmanager-deb")
-        subprocess.run(["dpkg-deb", "-x", debs[-1], str(out)], check=True)
-        return str(out / "usr" / "bin" / "amtool")
-    pytest.skip("no amtool: make unit installs it (tools/install-prometheus-tool .venv/bin/amtool)")
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ promtool (check config, check rules, and `test rules`: each alert fires on its c
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,21 +18,6 @@ from prometheus_client import CollectorRegistry
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DASHBOARD = ROOT / "roles" / "dcu_prometheus" / "files" / "dcu-serving-dashboard.json"
-
-
-@pytest.fixture(scope="module")
-def promtool(tmp_path_factory) -> str:
-    """promtool on PATH or in the venv (make unit installs it: tools/install-prometheus-tool), else the one in the built
-    bundle's Prometheus package."""
-    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    debs = sorted(glob.glob(str(ROOT / "build" / "bundle" / "debs" / "prometheus_*.deb")))
-    if debs and shutil.which("dpkg-deb"):
-        out = tmp_path_factory.mktemp("prometheus-deb")
-        subprocess.run(["dpkg-deb", "-x", debs[-1], str(out)], check=True)
-        return str(out / "usr" / "bin" / "promtool")
-    pytest.skip("no promtool: make unit installs it (tools/install-prometheus-tool .venv/bin/promtool)")
 
 
 def playbook(name: str, *args: str) -> subprocess.CompletedProcess:
