@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 
@@ -45,11 +46,16 @@ def tiny_image(tmp_path):
 def run_module(**args) -> dict:
     """Run the module through ansible against localhost and return its result."""
     check = args.pop("_check", False)
-    cmd = [ANSIBLE, "localhost", "-m", "dcu.serving.image_archive", "-a", json.dumps(args)]
+    # -i "localhost," is a host list; ANSIBLE_INVENTORY would split it into "localhost" and "", the current
+    # directory, and parse every file of the checkout as inventory (minutes once build/ holds the venvs). Run as
+    # the implicit localhost would: locally, with this Python.
+    interpreter = f"ansible_python_interpreter={sys.executable}"
+    cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-e", interpreter,
+           "-m", "dcu.serving.image_archive", "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-           "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_INVENTORY": "localhost,", "ANSIBLE_CACHE_PLUGIN": "memory"}
+           "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_CACHE_PLUGIN": "memory"}
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     doc = json.loads(out.stdout)
     return doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
