@@ -23,6 +23,13 @@ def public_url(listen, address, what="listen", scheme="http"):
         raise AnsibleFilterError(str(e)) from None
 
 
+def reachable_elsewhere(listen, what="listen"):
+    try:
+        return addresses.reachable_elsewhere(listen, what)
+    except addresses.ListenError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
 class FilterModule(object):
     def filters(self):
-        return {"local_url": local_url, "public_url": public_url}
+        return {"local_url": local_url, "public_url": public_url, "reachable_elsewhere": reachable_elsewhere}

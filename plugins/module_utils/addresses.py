@@ -70,6 +70,6 @@ def public_url(listen, address, scheme="http", what="listen"):
     return "{}://{}:{}".format(scheme, url_host(str(address) if is_wildcard(host) else host), port)
 
 
-def reachable_elsewhere(listen):
+def reachable_elsewhere(listen, what="listen"):
     """Whether another host can reach a listener on `listen` at all (not when it listens on loopback only)."""
-    return not is_loopback(split_listen(listen)[0])
+    return not is_loopback(split_listen(listen, what)[0])

@@ -17,6 +17,8 @@ picks a host. Choices, each for a reason:
   checks: an active one would spend a card's time on a generation at every interval, and dcu-proxy checks
   its cards itself);
 - timeouts long enough for multimodal requests (many images, long answers): `request_timeout`;
+- the hosts' dcu-proxy over TLS where they serve it (dcu_proxy_tls), verified with their CA (`hosts_ca`, a file on
+  the gateway), never unverified;
 - no message logging, no spend logs, no database; LiteLLM's cost map is read from its own package
   (LITELLM_LOCAL_MODEL_COST_MAP, set by the role), and tests/gateway proves it connects nowhere else.
 """
@@ -78,8 +80,13 @@ def gateway_config(hosts, settings=None):
         if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 0:
             raise FleetError(f"dcu_gateway_{key}: {s[key]!r}; give a whole number >= 0")
     retries = s["retries"]
+    model_list = deployments(hosts)
+    over_tls = sorted({h["name"] for h in hosts if str(h["url"]).startswith("https://")})
+    if over_tls and not s.get("hosts_ca"):
+        raise FleetError(f"the serving hosts {', '.join(over_tls)} answer over TLS, but the gateway has no CA to "
+                         "verify them with: give hosts_ca (dcu_gateway's file of the hosts' dcu_proxy_public_ca)")
     return {
-        "model_list": deployments(hosts),
+        "model_list": model_list,
         "router_settings": {
             "routing_strategy": "least-busy",
             "num_retries": retries,
@@ -109,6 +116,8 @@ def gateway_config(hosts, settings=None):
             "turn_off_message_logging": True,
             "redact_messages_in_exceptions": True,
             "drop_params": False,
+            # LiteLLM's own CA bundle (certifi) knows no site's or lab's CA: the hosts' CA alone.
+            **({"ssl_verify": s["hosts_ca"]} if over_tls else {}),
         },
         "general_settings": {
             "master_key": "os.environ/LITELLM_MASTER_KEY",

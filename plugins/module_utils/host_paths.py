@@ -26,6 +26,7 @@ PATHS = {
     # dcu_proxy: its configuration and unit; the defaults of dcu_proxy_venv and dcu_proxy_results_log
     "proxy_config": CONFIG_DIR + "/proxy.yml",
     "proxy_unit": UNIT_DIR + "/dcu-proxy.service",
+    "proxy_tls_dir": CONFIG_DIR + "/tls",  # the API's certificate and key (dcu_proxy_tls)
     "proxy_venv": "/opt/dcu-serving/venv",
     "results_log": LOG_DIR + "/results.jsonl",
     # dcu_vllm: one <instance>.env per instance, the template unit, the host runtime's state

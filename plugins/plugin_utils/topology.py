@@ -80,7 +80,8 @@ def prometheus_targets(hosts, hostvars, here):
     is `here` (Prometheus' own host), the public ones otherwise. Every target carries `host`, the vLLM instances
     their `unit` (what to restart). A piece of another host that listens on loopback only (dcu-exporter's default)
     is scraped at that host's address all the same - its target shows down, its alert fires - and a warning says
-    how to make it reachable."""
+    how to make it reachable. A dcu-proxy another host reaches over TLS is scraped with `__scheme__: https` (the job
+    verifies it with the hosts' CA, prometheus_ca)."""
     jobs = {"dcu-exporter": [], "vllm": [], "dcu-proxy": []}
     for host in hosts or []:
         local = host == here
@@ -96,7 +97,10 @@ def prometheus_targets(hosts, hostvars, here):
                     "at {target}; make it listen where {here} reaches it (e.g. {listen}: 0.0.0.0:PORT) or run "
                     "Prometheus on {host}".format(job=job, host=host, url=url, here=here, target=target,
                                                   listen=fact[:-len("_url")] + "_listen"))
-            jobs[job].append({"targets": [target], "labels": {"host": host}})
+            labels = {"host": host}
+            if urlsplit(url).scheme == "https":  # a host behind a gateway with TLS (dcu_proxy_tls)
+                labels["__scheme__"] = "https"
+            jobs[job].append({"targets": [target], "labels": labels})
         for instance in _exported(hostvars, host, "dcu_vllm_instances", "dcu_vllm", "instances"):
             target = _target(instance["url"]) if local else "{}:{}".format(url_host(address), instance["port"])
             jobs["vllm"].append({"targets": [target], "labels": {"host": host, "unit": instance["unit"]}})
@@ -118,7 +122,7 @@ def gateway_hosts(hosts, hostvars):
         url = _exported(hostvars, host, "dcu_proxy_public_url", "dcu_proxy", "exports")
         override = hostvars[host].get("dcu_gateway_address")
         if override:
-            url = "http://{}:{}".format(url_host(str(override)), urlsplit(url).port)
+            url = "{}://{}:{}".format(urlsplit(url).scheme, url_host(str(override)), urlsplit(url).port)
         elif not reachable_url(url):
             raise AnsibleFilterError(
                 "dcu-proxy of {} listens on loopback only ({}): the gateway cannot reach it; set dcu_proxy_listen to "
@@ -161,17 +165,20 @@ def _gateway_sources(name, facts):
 
 def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
     """What a serving host needs to answer the API to its gateways only (dcu_proxy's gateway settings):
-    {url, allow, secret}, or {} when the inventory has no gateway.
+    {url, allow, secret, tls, tls_lab_dir, tls_ca}, or {} when the inventory has no gateway.
 
     gateways: the inventory's gateway hosts (group dcu_gateways); listen: dcu_gateway's own default listen, for a
     gateway whose vars do not set dcu_gateway_listen. `allow`: each gateway's dcu_gateway_source_addresses, else its
     ansible_host when that is an IP address; `url` (named in the 403 other callers get): dcu_gateway_public_url, else
     https://<dcu_gateway_vip, else ansible_host>:<its port> (http:// when its dcu_gateway_tls is off), once for
     gateways sharing it; `secret`: dcu_gateway_proxy_secret, one for all the gateways. Fails naming the gateway and
-    the variable when one cannot be worked out."""
+    the variable when one cannot be worked out. `tls`: the gateways' dcu_gateway_tls (one for all of them), which a
+    host's TLS follows (the gateway's callers' keys are protected to the gateway, its secret and their prompts on to
+    the host), with their dcu_gateway_tls_lab_dir and dcu_gateway_tls_ca (a site's CA, which the hosts' certificates
+    may come from too)."""
     if not gateways:
         return {}
-    allow, urls, secrets = [], [], {}
+    allow, urls, secrets, modes = [], [], {}, {}
     for name in gateways:
         facts = hostvars.get(name, {})
         for source in _gateway_sources(name, facts):
@@ -190,7 +197,14 @@ def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
                 "believe the gateway by it - put a long random one in ansible-vault, in the gateways' group "
                 "vars".format(name))
         secrets.setdefault(secret, name)
+        modes.setdefault(str(facts.get("dcu_gateway_tls") or "site"), name)
+    if len(modes) > 1:
+        raise AnsibleFilterError("dcu_gateway_tls differs between the gateways ({}): callers reach them at one address "
+                                 "and the serving hosts follow one setting; give every gateway the same".format(
+                                     ", ".join("{} {}".format(name, mode) for mode, name in modes.items())))
     if len(secrets) > 1:
         raise AnsibleFilterError("dcu_gateway_proxy_secret differs between the gateways {}: a serving host checks one "
                                  "secret; give every gateway the same".format(" and ".join(secrets.values())))
-    return {"url": " or ".join(urls), "allow": allow, "secret": next(iter(secrets))}
+    first = hostvars.get(gateways[0], {})
+    return {"url": " or ".join(urls), "allow": allow, "secret": next(iter(secrets)), "tls": next(iter(modes)),
+            "tls_lab_dir": first.get("dcu_gateway_tls_lab_dir"), "tls_ca": str(first.get("dcu_gateway_tls_ca") or "")}

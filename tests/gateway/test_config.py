@@ -36,6 +36,16 @@ def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
     assert config["litellm_settings"]["turn_off_message_logging"] is True
 
 
+def test_hosts_over_tls_are_verified_with_their_ca_and_never_without_one():
+    assert "ssl_verify" not in gateway_config(HOSTS, {"hosts_ca": "/etc/dcu-gateway/hosts-ca.pem"})["litellm_settings"]
+    tls = [dict(HOSTS[0], url="https://10.0.0.11:8443"), HOSTS[1]]
+    config = gateway_config(tls, {"hosts_ca": "/etc/dcu-gateway/hosts-ca.pem"})
+    assert config["litellm_settings"]["ssl_verify"] == "/etc/dcu-gateway/hosts-ca.pem"
+    assert config["model_list"][0]["litellm_params"]["api_base"] == "https://10.0.0.11:8443/v1"
+    with pytest.raises(AnsibleFilterError, match="the serving hosts dcu-a answer over TLS, but the gateway has no CA"):
+        gateway_config(tls)
+
+
 def test_settings_reach_the_config():
     config = gateway_config(HOSTS, {"request_timeout": 1800, "retries": 0, "cooldown": 5, "allowed_fails": 1})
     assert set(config["router_settings"]["allowed_fails_policy"].values()) == {1}

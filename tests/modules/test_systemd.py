@@ -28,7 +28,8 @@ def _render_proxy_unit(version: int) -> str:
     return env.from_string(source).render(
         ansible_managed="managed", __dcu_proxy_config="/etc/dcu-serving/proxy.yml", dcu_proxy_user="dcu-proxy",
         __dcu_proxy_bin="/opt/dcu-serving/venv/bin/dcu-proxy", dcu_proxy_settings={}, __dcu_proxy_log_dir="/var/log",
-        __dcu_proxy_port=8000, ansible_facts={"dcu_host": {"systemd_version": version}}, __dcu_proxy_runtime="venv",
+        __dcu_proxy_port=8000, __dcu_proxy_tls_port=0, ansible_facts={"dcu_host": {"systemd_version": version}},
+        __dcu_proxy_runtime="venv",
         __dcu_proxy_container_command="")
 
 

@@ -88,6 +88,19 @@ def test_the_gateway_reaches_each_proxy_where_it_listens_or_at_its_gateway_addre
     ]
 
 
+def test_a_proxy_behind_a_gateway_with_tls_is_reached_and_scraped_over_https():
+    tls = dict(HOSTVARS["node-b"], dcu_proxy_public_url="https://10.0.0.12:8443", dcu_gateway_address="192.168.7.12")
+    hostvars = dict(HOSTVARS, **{"node-b": tls})
+    assert gateway_hosts(["node-b"], hostvars) == [
+        {"name": "node-b", "url": "https://192.168.7.12:8443", "models": ["qwen", "bge"]}]
+    jobs = prometheus_targets(["node-a", "node-b"], hostvars, "node-a")
+    assert jobs["dcu-proxy"] == [{"targets": ["127.0.0.1:8000"], "labels": {"host": "node-a"}},
+                                 {"targets": ["10.0.0.12:8443"], "labels": {"host": "node-b", "__scheme__": "https"}}]
+    # on its own host Prometheus scrapes the plain loopback listener
+    assert prometheus_targets(["node-b"], hostvars, "node-b")["dcu-proxy"] == [
+        {"targets": ["127.0.0.1:9000"], "labels": {"host": "node-b"}}]
+
+
 def test_a_proxy_on_loopback_cannot_be_a_gateways_host():
     hostvars = {"node-a": dict(HOSTVARS["node-a"], dcu_proxy_public_url="http://127.0.0.1:8000")}
     with pytest.raises(AnsibleFilterError, match="dcu-proxy of node-a listens on loopback only"):
@@ -114,20 +127,33 @@ SECRET = "gw-proxy-secret-0123456789"
 def test_a_serving_host_trusts_the_gateways_addresses_and_secret_and_names_their_url():
     hostvars = {"gw1": {"ansible_host": "10.20.0.5", "dcu_gateway_proxy_secret": SECRET},
                 "gw2": {"ansible_host": "gw2.example", "dcu_gateway_source_addresses": ["10.20.0.6", "10.30.0.0/24"],
-                        "dcu_gateway_listen": "0.0.0.0:4443", "dcu_gateway_proxy_secret": SECRET,
-                        "dcu_gateway_tls": "off"}}
-    # HTTPS unless a gateway's TLS is off (dcu_gateway_tls defaults to site)
+                        "dcu_gateway_listen": "0.0.0.0:4443", "dcu_gateway_proxy_secret": SECRET}}
+    # HTTPS unless the gateways' TLS is off (dcu_gateway_tls defaults to site); the hosts follow their TLS setting
     assert gateway_trust(["gw1", "gw2"], hostvars, "0.0.0.0:4000") == {
-        "url": "https://10.20.0.5:4000 or http://gw2.example:4443", "allow": ["10.20.0.5", "10.20.0.6", "10.30.0.0/24"],
-        "secret": SECRET}
+        "url": "https://10.20.0.5:4000 or https://gw2.example:4443",
+        "allow": ["10.20.0.5", "10.20.0.6", "10.30.0.0/24"], "secret": SECRET,
+        "tls": "site", "tls_lab_dir": None, "tls_ca": ""}
+    plain = {name: dict(facts, dcu_gateway_tls="off") for name, facts in hostvars.items()}
+    assert gateway_trust(["gw1", "gw2"], plain)["url"] == "http://10.20.0.5:4000 or http://gw2.example:4443"
+    assert gateway_trust(["gw1", "gw2"], plain)["tls"] == "off"
     # two gateways behind one floating address: callers are sent there, once
-    both = {name: dict(facts, dcu_gateway_vip="10.20.0.100", ansible_host=address)
+    both = {name: dict(facts, dcu_gateway_vip="10.20.0.100", ansible_host=address, dcu_gateway_tls="lab",
+                       dcu_gateway_tls_lab_dir="/srv/inventory/tls")
             for name, facts, address in (("gw1", hostvars["gw1"], "10.20.0.5"), ("gw2", hostvars["gw1"], "10.20.0.6"))}
     assert gateway_trust(["gw1", "gw2"], both) == {"url": "https://10.20.0.100:4000",
-                                                   "allow": ["10.20.0.5", "10.20.0.6"], "secret": SECRET}
+                                                   "allow": ["10.20.0.5", "10.20.0.6"], "secret": SECRET,
+                                                   "tls": "lab", "tls_lab_dir": "/srv/inventory/tls", "tls_ca": ""}
     hostvars["gw1"]["dcu_gateway_public_url"] = "https://llm.example.internal"
     assert gateway_trust(["gw1"], hostvars)["url"] == "https://llm.example.internal"
     assert gateway_trust([], hostvars) == {}
+
+
+def test_gateways_with_different_tls_settings_are_refused():
+    hostvars = {"gw1": {"ansible_host": "10.0.0.5", "dcu_gateway_proxy_secret": SECRET},
+                "gw2": {"ansible_host": "10.0.0.6", "dcu_gateway_proxy_secret": SECRET, "dcu_gateway_tls": "off"}}
+    with pytest.raises(AnsibleFilterError, match=re.escape("dcu_gateway_tls differs between the gateways (gw1 site, "
+                                                           "gw2 off)")):
+        gateway_trust(["gw1", "gw2"], hostvars)
 
 
 @pytest.mark.parametrize(("facts", "message"), [

@@ -174,27 +174,44 @@ def test_callers_reach_the_gateway_over_tls_only_and_verify_it_with_the_lab_ca()
     assert oct(os.stat(os.path.join(os.path.dirname(GATEWAY_CA), "gateway.key")).st_mode & 0o777) == "0o600"
 
 
-def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway():
+def test_a_direct_call_to_a_hosts_proxy_gets_403_naming_the_gateway_and_plain_http_no_answer():
+    """The hosts behind the gateway follow its TLS (dcu_proxy_tls: lab, from the gateways' setting): their API is on
+    TLS, verified with the same lab CA; plain HTTP stays on each host's loopback, for its own checks."""
     gateway = gateway_url()
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}).encode()
     for n in NODES:
-        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8})
-        request = urllib.request.Request(f"http://{address(n)}:8000/v1/chat/completions", data=body.encode(),
+        request = urllib.request.Request(f"https://{address(n)}:8443/v1/chat/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
+            urllib.request.urlopen(request, timeout=10, context=verified())
         assert refused.value.code == 403
         assert gateway in refused.value.read().decode()
+        plain = urllib.request.Request(f"http://{address(n)}:8000/v1/chat/completions", data=body,
+                                       headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.URLError) as no_answer:
+            urllib.request.urlopen(plain, timeout=10)
+        assert isinstance(no_answer.value.reason, ConnectionRefusedError), no_answer.value
+        modes = on(n, "stat", "-c", "%n %a %U:%G", "/etc/dcu-serving/tls/proxy.key",
+                   "/etc/dcu-serving/tls/proxy.pem").splitlines()
+        assert modes == ["/etc/dcu-serving/tls/proxy.key 640 root:dcu-proxy",
+                         "/etc/dcu-serving/tls/proxy.pem 644 root:root"]
 
 
-def _status_from(name: str, url: str, headers: dict) -> int:
-    """The status of a small chat posted by a process on node `name` (from that node's own address)."""
-    script = ("import json, sys, urllib.error, urllib.request\n"
+def _status_from(name: str, url: str, headers: dict, cafile: str | None = None) -> int:
+    """The status of a small chat posted by a process on node `name` (from that node's own address), verifying an
+    https URL with `cafile` on that node."""
+    script = ("import json, ssl, sys, urllib.error, urllib.request\n"
               "body = json.dumps({'model': sys.argv[3], 'messages': [{'role': 'user', 'content': 'ping'}],"
               " 'max_tokens': 8}).encode()\n"
               "request = urllib.request.Request(sys.argv[1], data=body, headers=json.loads(sys.argv[2]))\n"
-              "try:\n    print(urllib.request.urlopen(request, timeout=60).status)\n"
+              "tls = ssl.create_default_context(cafile=sys.argv[4]) if sys.argv[4] else None\n"
+              "try:\n    print(urllib.request.urlopen(request, timeout=60, context=tls).status)\n"
               "except urllib.error.HTTPError as e:\n    print(e.code)\n")
-    return int(on(name, "python3", "-c", script, url, json.dumps(headers), MODEL).strip())
+    return int(on(name, "python3", "-c", script, url, json.dumps(headers), MODEL, cafile or "").strip())
+
+
+# What the gateway verifies the hosts with (dcu_gateway_hosts_ca: the CA the hosts export).
+HOSTS_CA = "/etc/dcu-gateway/hosts-ca.pem"
 
 
 def test_a_forged_caller_on_an_allowed_address_is_refused_while_the_gateways_calls_pass():
@@ -203,16 +220,16 @@ def test_a_forged_caller_on_an_allowed_address_is_refused_while_the_gateways_cal
     gateway's secret, and with a wrong one; nothing reaches a card. The gateway's calls carry the secret (the previous
     tests' chats), and a call carrying it is answered with its caller believed. LiteLLM's /health - a completion on
     every deployment - is for the probe key, not a caller's."""
-    url = f"http://{address('node-a')}:8000/v1/chat/completions"
+    url = f"https://{address('node-a')}:8443/v1/chat/completions"
     forged = {"Content-Type": "application/json", "X-Caller": APP}
     before = len(results("node-a"))
-    assert _status_from("gateway", url, forged) == 403
+    assert _status_from("gateway", url, forged, HOSTS_CA) == 403
     assert _status_from("node-a", "http://127.0.0.1:8000/v1/chat/completions", forged) == 403
     wrong = {**forged, "Authorization": "Bearer fleet-proxy-secret-wrong-0123456789"}
-    assert _status_from("gateway", url, wrong) == 403
+    assert _status_from("gateway", url, wrong, HOSTS_CA) == 403
     assert len(results("node-a")) == before, "a refused call reached a card"
     proven = {**forged, "X-Caller": "fleet-proven", "Authorization": f"Bearer {PROXY_SECRET}"}
-    assert _status_from("gateway", url, proven) == 200
+    assert _status_from("gateway", url, proven, HOSTS_CA) == 200
     wait_until(lambda: any(r.get("caller") == "fleet-proven" for r in results("node-a")), 15, interval=0.5,
                what="the proven call's results line naming its caller")
 
@@ -524,7 +541,9 @@ def test_the_gateway_is_hardened_keeps_no_key_in_clear_and_rotates_a_key_without
                      "/etc/dcu-gateway/config.yaml 640 root"]
     readable = on("gateway", "cat", "/etc/dcu-gateway/keys.json", "/etc/dcu-gateway/config.yaml")
     assert not any(secret in readable for secret in (*KEYS.values(), MASTER, PROXY_SECRET))
-    assert all(f"http://{address(n)}:8000/v1" in readable for n in NODES)  # both hosts are deployments
+    # both hosts are deployments, over TLS verified with the hosts' CA (LiteLLM's own bundle knows no lab CA)
+    assert all(f"https://{address(n)}:8443/v1" in readable for n in NODES)
+    assert f"ssl_verify: {HOSTS_CA}" in readable
 
     # Rotation: the new key works and the old one is refused at once, without a restart; no key in the output.
     new = "sk-fleet-app-rotated-" + os.urandom(8).hex()

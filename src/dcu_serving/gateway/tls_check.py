@@ -1,7 +1,10 @@
-"""Check the certificate the gateway presents, as a caller does: connect (to loopback on the gateway itself), verify
-the chain with the CA callers are given and the name they use, and say how many days it has left.
+"""Check the certificate a server presents, as its callers do: connect (to loopback on the gateway itself, or to a
+serving host's dcu-proxy as the gateway calls it), verify the chain with the CA callers are given and the name they
+use, and say how many days it has left.
 
     python -m dcu_serving.gateway.tls_check --connect 127.0.0.1:4000 --name gw.lab.internal [--ca ca.pem]
+    python -m dcu_serving.gateway.tls_check --connect 10.0.0.11:8443 --name 10.0.0.11 --ca hosts-ca.pem \
+        --what "dcu-proxy of node-a" --fix "give dcu_proxy_tls_cert of node-a a certificate for that name"
 
 Prints {"name", "names", "not_after", "days_left"} as JSON; exits 1 with what is wrong and its fix."""
 
@@ -13,6 +16,9 @@ import socket
 import ssl
 import sys
 import time
+
+GATEWAY_FIX = ("give dcu_gateway_tls_cert a certificate for that name signed by that CA (dcu_gateway_tls: lab makes "
+               "one for a lab), or set dcu_gateway_public_url to the name the certificate has")
 
 
 def check(connect: str, name: str, ca: str | None = None, timeout: float = 10.0) -> dict:
@@ -32,17 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", required=True, help="HOST:PORT the gateway listens on")
     parser.add_argument("--name", required=True, help="the name (or address) callers reach the gateway by")
     parser.add_argument("--ca", help="the CA callers verify with (default: this host's trust store)")
+    parser.add_argument("--what", default="the gateway", help="the server, as the messages name it")
+    parser.add_argument("--fix", default=GATEWAY_FIX, help="what to do when the certificate does not verify")
     args = parser.parse_args(argv)
     trust = args.ca or "this host's trust store"
     try:
         print(json.dumps(check(args.connect, args.name, args.ca)))
     except ssl.SSLCertVerificationError as e:
-        print(f"the gateway's certificate does not verify for {args.name} with {trust}: {e.verify_message}; give "
-              "dcu_gateway_tls_cert a certificate for that name signed by that CA (dcu_gateway_tls: lab makes "
-              "one for a lab), or set dcu_gateway_public_url to the name the certificate has", file=sys.stderr)
+        print(f"{args.what}'s certificate does not verify for {args.name} with {trust}: {e.verify_message}; "
+              f"{args.fix}", file=sys.stderr)
         return 1
     except (OSError, ssl.SSLError) as e:
-        print(f"no TLS answer from the gateway on {args.connect}: {e}", file=sys.stderr)
+        print(f"no TLS answer from {args.what} on {args.connect}: {e}", file=sys.stderr)
         return 1
     return 0
 

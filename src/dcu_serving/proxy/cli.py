@@ -70,6 +70,8 @@ def main(argv=None) -> int:
 
     try:
         config = load()
+        if args.check:  # the certificate and key as the listener will load them
+            configuration.tls_context(config)
     except configuration.ConfigError as e:
         print(f"dcu-proxy: configuration error: {e}", file=sys.stderr)
         return 2
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
         models = ", ".join(f"{model} ({kind}, {count})" for model, (kind, count) in served.items()) \
             if len({spec.models for spec in config.specs}) > 1 or config.specs[0].kind != "chat" \
             else ", ".join(config.models)
-        print(f"dcu-proxy: configuration OK ({len(config.backends)} backends, models {models})")
+        tls = f", TLS on {config.tls_listen}" if config.tls_listen else ""
+        print(f"dcu-proxy: configuration OK ({len(config.backends)} backends, models {models}{tls})")
         return 0
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

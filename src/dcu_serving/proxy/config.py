@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -268,6 +269,13 @@ SCHEMA: dict[str, Any] = {
         "allow": (None, _optional(_list_of(_network, "addresses or networks"))),
         "secret": (None, _optional(_text)),
     },
+    # The API over TLS on a listener of its own (the same endpoints as `listen`): a host behind a gateway takes the
+    # gateway's calls here, and keeps `listen` on loopback for its own checks. A SIGHUP reloads the certificate.
+    "tls": {
+        "listen": (None, _optional(_listen)),
+        "cert": (None, _optional(_path)),
+        "key": (None, _optional(_path)),
+    },
 }
 
 
@@ -321,6 +329,9 @@ class Config:
     gateway_url: str | None = None
     gateway_allow: tuple = ()  # ipaddress networks; empty: API calls from anywhere
     gateway_secret: bytes | None = None  # what the gateway's calls carry (Authorization: Bearer ...)
+    tls_listen: str | None = None  # the API over TLS, with tls_cert (PEM, its chain after it) and tls_key
+    tls_cert: str | None = None
+    tls_key: str | None = None
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -330,6 +341,10 @@ class Config:
     @property
     def admin_addr(self) -> tuple[str, int] | None:
         return parse_listen("admin.listen", self.admin_listen) if self.admin_listen else None
+
+    @property
+    def tls_addr(self) -> tuple[str, int] | None:
+        return parse_listen("tls.listen", self.tls_listen) if self.tls_listen else None
 
 
 def _apply(schema: dict, data: Any, prefix: str = "") -> dict:
@@ -385,6 +400,15 @@ def build(data: Any, source: str | None = None) -> Config:
         raise ConfigError("gateway.secret", "needs gateway.allow and url too, and at least 16 characters (a random "
                                             "string from the vault, the gateway's api_key for this host)"
                           if gateway["allow"] else "needs gateway.allow and gateway.url (the gateway it proves)")
+    tls = v["tls"]
+    if any(tls.values()) and not all(tls.values()):
+        missing = ", ".join(f"tls.{key}" for key, value in tls.items() if not value)
+        raise ConfigError(missing.split(", ")[0], f"is required with the other tls keys (missing: {missing}): "
+                                                  "`listen` takes the API over TLS with the certificate `cert` "
+                                                  "(PEM, chain after it) and its key `key`")
+    if tls["listen"] and parse_listen("tls.listen", tls["listen"])[1] == parse_listen("listen", v["listen"])[1]:
+        raise ConfigError("tls.listen", f"{tls['listen']} has the port of listen ({v['listen']}); give TLS a port "
+                                        "of its own, e.g. 8443")
     backends = v["backends"]
     if isinstance(backends[0], str):  # the plain form: every backend serves every model
         if v["models"] is None:
@@ -413,8 +437,30 @@ def build(data: Any, source: str | None = None) -> Config:
         health_timeout=v["health"]["timeout"], contract=Contract(**rules),
         admin_listen=admin["listen"], admin_token=token, gateway_url=gateway["url"],
         gateway_allow=tuple(ipaddress.ip_network(n) for n in gateway["allow"] or ()),
-        gateway_secret=gateway["secret"].encode() if gateway["secret"] else None, source=source,
+        gateway_secret=gateway["secret"].encode() if gateway["secret"] else None,
+        tls_listen=tls["listen"], tls_cert=tls["cert"], tls_key=tls["key"], source=source,
     )
+
+
+def tls_context(config: Config) -> ssl.SSLContext | None:
+    """The TLS listener's server context with the certificate and key loaded (None without `tls`); a ConfigError
+    naming the file and what is wrong with it (unreadable, not PEM, a key of another certificate)."""
+    if not config.tls_listen:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    for key, path in (("tls.cert", config.tls_cert), ("tls.key", config.tls_key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except ssl.SSLError as e:
+        raise ConfigError("tls.key", f"{config.tls_cert} and {config.tls_key} are not a PEM certificate and its own "
+                                     f"key ({e.reason or e}); give the key the certificate was made for") from None
+    return context
 
 
 def _is_loopback(host: str) -> bool:

@@ -22,7 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .admin import AdminAPI
 from .balancer import Balancer
-from .config import Config, ConfigError
+from .config import Config, ConfigError, tls_context
 from .errors import ProxyError
 from .metrics import Metrics
 from .relay import API_PATHS, Relay
@@ -50,6 +50,7 @@ class Proxy:
         self._checks: set = set()  # health checks of backends added by a reload
         self._callers: dict = {}  # peer address -> may it call the API (gateway.allow), cleared on reload
         self._unproven: dict = {}  # peers refused for want of the gateway's secret (logged once each)
+        self.tls = tls_context(config)  # the TLS listener's context; a reload loads a renewed certificate into it
 
     # -- lifecycle --
 
@@ -111,7 +112,7 @@ class Proxy:
             log.error("reload failed, keeping the running configuration: %s", e)
             return
         old = self.settings
-        for key in ("listen", "admin_listen", "admin_token", "shutdown_grace", "idle_timeout"):
+        for key in ("listen", "admin_listen", "admin_token", "shutdown_grace", "idle_timeout", "tls_listen"):
             if getattr(new, key) != getattr(old, key):
                 log.warning("reload: %s changed; it takes effect only after a restart", key.replace("_", "."))
         if new.results_log != old.results_log:
@@ -125,6 +126,8 @@ class Proxy:
             else:
                 relay.results, closing = None, relay.results
                 closing.close()
+        if self.tls is not None and new.tls_cert:
+            self._reload_certificate(new)
         logging.getLogger().setLevel(new.log_level.upper())
         self.settings = new
         self._callers, self._unproven = {}, {}
@@ -137,6 +140,16 @@ class Proxy:
             task.add_done_callback(self._checks.discard)
         log.info("reloaded %s: %d backends in %d pools, cap %d, queue %d", new.source or "configuration",
                  len(new.backends), len(self.balancer.groups), new.backend_concurrency, new.queue_size)
+
+    def _reload_certificate(self, new: Config):
+        """A renewed certificate for the connections that follow, checked first in a context of its own: a pair
+        that does not load leaves the running one serving."""
+        try:
+            tls_context(new)
+        except ConfigError as e:
+            log.error("reload: keeping the running TLS certificate: %s", e)
+            return
+        self.tls.load_cert_chain(new.tls_cert, new.tls_key)
 
     # -- the listeners --
     # aiohttp's low-level server with a dict for routing: the Application's router, middleware chain and
@@ -278,13 +291,16 @@ async def serve(config: Config, reload_config: Callable[[], Config] | None = Non
         runners.append(runner)
         host, port = config.listen_addr
         await web.TCPSite(runner, host, port, backlog=2048).start()
+        if config.tls_addr:
+            await web.TCPSite(runner, *config.tls_addr, ssl_context=proxy.tls, backlog=2048).start()
         if config.admin_addr:
             admin = web.ServerRunner(proxy.make_server(proxy.admin_server_routes()), shutdown_timeout=5)
             await admin.setup()
             runners.append(admin)
             await web.TCPSite(admin, *config.admin_addr).start()
-        log.info("dcu-proxy listening on %s (admin %s), %d backends", config.listen,
-                 config.admin_listen or "off", len(config.backends))
+        log.info("dcu-proxy listening on %s%s (admin %s), %d backends", config.listen,
+                 f" and {config.tls_listen} (TLS)" if config.tls_listen else "", config.admin_listen or "off",
+                 len(config.backends))
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
