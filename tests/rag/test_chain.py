@@ -12,6 +12,8 @@ import io
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -187,6 +189,31 @@ def test_an_upload_over_the_limit_is_refused_naming_it(host, mineru, milvus_url,
     assert rc == 1 and "hop parse failed" in err and "over this MinerU's limit of 1 MiB (dcu_mineru_max_upload_mb)" \
         in err, err
     assert "store" not in report["hops"], "nothing stored"
+
+
+@pytest.mark.parametrize("megabytes", [2, 48])
+def test_a_caller_that_sends_an_upload_over_the_limit_whole_still_reads_the_413(host, mineru, megabytes):
+    """urllib (like requests) sends its body whole before it reads the answer: the launcher reads and drops a
+    refused body first, as nginx's lingering close does, so the caller gets the 413 naming the limit rather than a
+    connection reset under its send (seen as 'Broken pipe' in molecule rag)."""
+    request = urllib.request.Request(mineru.url + "/file_parse", data=b"0" * (megabytes * 2**20),
+                                     headers={"Content-Type": "multipart/form-data; boundary=x"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 413
+    assert "over this MinerU's limit of 1 MiB (dcu_mineru_max_upload_mb)" in refused.value.read().decode()
+
+
+def test_a_caller_that_asks_before_sending_gets_the_413_without_sending(host, mineru, tmp_path):
+    """curl asks `Expect: 100-continue` for a large body: the 413 comes at once, the body is never sent."""
+    big = tmp_path / "big.pdf"
+    big.write_bytes(b"0" * (100 * 2**20))
+    done = subprocess.run(["curl", "-sS", "-H", "Expect: 100-continue", "-H", "Content-Type: application/pdf",
+                           "--data-binary", f"@{big}", "-w", "\n%{http_code} %{size_upload}",
+                           mineru.url + "/file_parse"], capture_output=True, text=True, timeout=60)
+    answer, status = done.stdout.rsplit("\n", 1)
+    assert status == "413 0", (status, done.stderr)
+    assert "limit of 1 MiB (dcu_mineru_max_upload_mb)" in answer
 
 
 def test_mineru_reads_through_the_proxy_only(host, mineru, tmp_path):

@@ -2,7 +2,10 @@
 
 - An upload limit: a request body over --max-upload-mb is refused with 413 and a JSON message naming the limit
   and the fix, before MinerU reads it (by its Content-Length, or while it arrives when it has none). MinerU's
-  API has no limit of its own.
+  API has no limit of its own. The refused body is read and dropped first (up to DRAIN_BYTES, DRAIN_SECONDS), as
+  nginx's lingering close does: a caller that sends its body whole before it reads (Python's urllib and
+  requests) would otherwise have the connection reset under its send and never see the 413. A caller that asked
+  `Expect: 100-continue` (curl, for bodies over 1 MiB) gets it at once, its body unsent.
 - The VLM it may call: `server_url` of a vlm/hybrid-http-client request must be --vlm-url (dcu-proxy): any
   other address is refused with 400, so a caller cannot make the service connect where it likes. The form is
   read for that check only (Starlette caches it; MinerU reads the same form).
@@ -14,10 +17,14 @@ Runs in MinerU's environment (the dcu-serving/mineru image): `python3 -m dcu_ser
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import sys
 
 PARSE_PATHS = ("/file_parse", "/tasks")
+DRAIN_BYTES = 64 * 2**20  # a refused body larger than this is not read: the 413 goes at once
+DRAIN_SECONDS = 30.0
 
 
 def _answer(status: int, message: str, field: str | None = None):
@@ -42,18 +49,35 @@ class Guard:
                             f"(dcu_mineru_max_upload_mb): split the document, or raise the limit. Nothing was "
                             f"stored.", "files")
 
+    async def _refuse(self, scope, receive, send, answer, size: int | None, read: int = 0, more: bool = True):
+        """The 413, after reading and dropping what the caller still sends (bounded), so that it reads it."""
+        headers = dict(scope["headers"])
+        if more and headers.get(b"expect", b"").lower() != b"100-continue" and (size or 0) <= DRAIN_BYTES:
+            with contextlib.suppress(TimeoutError):  # a caller too slow to finish: answered all the same
+                await asyncio.wait_for(self._drain(receive, read), DRAIN_SECONDS)
+        await self._send(send, *answer)
+
+    @staticmethod
+    async def _drain(receive, read: int):
+        while read <= DRAIN_BYTES:
+            message = await receive()
+            read += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body"):
+                return
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PARSE_PATHS:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and int(length) > self.max_bytes:
-            return await self._send(send, *self._too_large(int(length)))
+            return await self._refuse(scope, receive, send, self._too_large(int(length)), int(length))
         body = bytearray()  # read whole (at most the limit) to check the form before MinerU sees it
         while True:
             message = await receive()
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                return await self._send(send, *self._too_large(None))
+                return await self._refuse(scope, receive, send, self._too_large(None), None, len(body),
+                                          bool(message.get("more_body")))
             if not message.get("more_body"):
                 break
         problem = await self._server_url_problem(scope, bytes(body))
