@@ -12,6 +12,8 @@ ReadWriteDirectories, ProtectSystem=strict -> full, Type=exec -> simple) and dro
 are from systemd's NEWS and man pages (systemd.directives(7)).
 """
 
+import re
+
 from ansible.errors import AnsibleFilterError
 
 # directive (or directive=value) -> (first systemd version that knows it, replacement for older ones or None)
@@ -87,3 +89,18 @@ def systemd_compatible(unit, version):
     if moved and service_at is not None:
         out[service_at:service_at] = moved
     return "\n".join(out) + ("\n" if unit.endswith("\n") else "")
+
+
+# The verdicts of roles/dcu_vllm/files/vllm-wait-ready, the unit's ExecStartPost: why a start failed.
+WAITER_VERDICT = re.compile(r"does not serve .* after \d+s|main process \(pid \d+\) exited after")
+
+
+def failed_start_lines(lines, count=8):
+    """The `count` log lines of a unit that end with its waiter's last verdict, or its last `count` lines.
+
+    After a failed start systemd starts the unit again (Restart=on-failure) and a rollback stops that start,
+    so the log's tail tells of the start that was stopped, not of the one that failed."""
+    lines = list(lines or [])
+    verdicts = [i for i, line in enumerate(lines) if WAITER_VERDICT.search(line)]
+    end = verdicts[-1] + 1 if verdicts else len(lines)
+    return lines[max(0, end - int(count)):end]

@@ -7,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 
-from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, systemd_compatible
+from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, failed_start_lines, systemd_compatible
 from support import REPO
 
 
@@ -87,3 +87,39 @@ def test_the_start_limit_moves_back_to_service_before_230():
 def test_a_version_that_is_not_a_number_is_refused():
     with pytest.raises(AnsibleFilterError):
         systemd_compatible("[Service]\n", "systemd 252 (252.39-1~deb12u2)")
+
+
+# The log of vllm@0 when its model never became ready (CI, molecule default): systemd started it again after the
+# failed start, and the rollback stopped that start - the last 8 lines were all about the stopped one.
+NEVER_READY_LOG = """Starting vllm@0.service - vLLM instance 0 (dcu-serving)...
+INFO [dcu-vllm-sim] listening on 0.0.0.0:8000
+waiting for http://127.0.0.1:8002: /health: [Errno 111] Connection refused
+waiting for http://127.0.0.1:8002: /health answers 503
+http://127.0.0.1:8002 does not serve m after 30s (/health answers 503); raise dcu_vllm_start_timeout
+vllm@0.service: Control process exited, code=exited, status=1/FAILURE
+vllm@0.service: Failed with result 'exit-code'.
+Failed to start vllm@0.service - vLLM instance 0 (dcu-serving).
+vllm@0.service: Scheduled restart job, restart counter is at 1.
+Stopped vllm@0.service - vLLM instance 0 (dcu-serving).
+Starting vllm@0.service - vLLM instance 0 (dcu-serving)...
+waiting for http://127.0.0.1:8002: /health: [Errno 111] Connection refused
+vllm@0.service: Control process exited, code=killed, status=15/TERM
+vllm@0.service: Failed with result 'signal'.
+Stopped vllm@0.service - vLLM instance 0 (dcu-serving).""".splitlines()
+
+
+def test_the_failed_start_is_told_by_the_waiters_verdict_not_by_the_stopped_restart():
+    lines = failed_start_lines(NEVER_READY_LOG, 4)
+    assert lines[-1].startswith("http://127.0.0.1:8002 does not serve m after 30s (/health answers 503)")
+    assert lines[0] == "INFO [dcu-vllm-sim] listening on 0.0.0.0:8000" and len(lines) == 4
+    # the tail alone says nothing of why: what the message said before
+    assert not any("answers 503" in line for line in NEVER_READY_LOG[-8:])
+
+
+def test_a_crash_the_waiter_saw_is_its_verdict_and_a_log_without_one_gives_its_tail():
+    crashed = ["ERROR [dcu-vllm-sim] simulated crash: fault crash",
+               "the service's main process (pid 4711) exited after 3.2s before http://127.0.0.1:8002 served m; its "
+               "log above says why", "vllm@0.service: Failed with result 'exit-code'."]
+    assert failed_start_lines(crashed, 8) == crashed[:2]
+    assert failed_start_lines(NEVER_READY_LOG[10:], 3) == NEVER_READY_LOG[-3:]
+    assert failed_start_lines([], 8) == [] and failed_start_lines(None) == []
