@@ -120,9 +120,9 @@ def prometheus_expected_cards(hosts, hostvars):
 
 
 def gateway_hosts(hosts, hostvars):
-    """The serving hosts as the gateway reaches them, [{name, url, models}]: each host's dcu-proxy at its exported
-    public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port, serving
-    the models its dcu_vllm exports (dcu_vllm_models)."""
+    """The serving hosts as the gateway reaches them, [{name, url, models, kinds}]: each host's dcu-proxy at its
+    exported public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port,
+    serving the models its dcu_vllm exports (dcu_vllm_models) of the kinds it exports (dcu_vllm_model_kinds)."""
     out = []
     for host in hosts or []:
         url = _exported(hostvars, host, "dcu_proxy_public_url", "dcu_proxy", "exports")
@@ -135,7 +135,8 @@ def gateway_hosts(hosts, hostvars):
                 "an address the gateway reaches (e.g. 0.0.0.0:8000), or dcu_gateway_address in its host vars".format(
                     host, url))
         out.append({"name": host, "url": url,
-                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports"))})
+                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports")),
+                    "kinds": dict(_exported(hostvars, host, "dcu_vllm_model_kinds", "dcu_vllm", "exports"))})
     return out
 
 

@@ -57,9 +57,9 @@ def test_the_entrance_puts_minerus_section_into_proxy_yml_only_when_the_inventor
 
 def test_a_bad_entrance_fails_the_play_naming_the_variable(tmp_path):
     code, out, results = run(tmp_path, {"dcu_mineru_entrance": "proxy", "dcu_mineru_listen": "0.0.0.0:8010"})
-    assert code != 0 and results[-1]["failed"]
+    assert code != 0 and results[-1]["failed"], out
     assert ("dcu_mineru_entrance is proxy but dcu_mineru_listen 0.0.0.0:8010 takes calls from the network"
             in results[-1]["msg"]), results[-1]
     assert "set dcu_mineru_listen to 127.0.0.1:8010, or dcu_mineru_entrance: own" in results[-1]["msg"]
-    code, out, results = run(tmp_path, {"dcu_mineru_entrance": "gateway"})
+    code, _, results = run(tmp_path, {"dcu_mineru_entrance": "gateway"})
     assert code != 0 and "dcu_mineru_entrance is 'gateway': choose own" in results[-1]["msg"], results[-1]

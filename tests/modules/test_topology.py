@@ -34,6 +34,7 @@ def exported(address, proxy_port=8000, exporter="127.0.0.1:9400", base_port=8002
                                 "card": n, "cards": [n]} for n in range(cards)],
         "dcu_vllm_card_count": cards,
         "dcu_vllm_models": list(models),
+        "dcu_vllm_model_kinds": {model: "embedding" if model == "bge" else "chat" for model in models},
     }
 
 
@@ -84,8 +85,9 @@ def test_a_host_whose_roles_exported_nothing_in_this_run_is_named():
 def test_the_gateway_reaches_each_proxy_where_it_listens_or_at_its_gateway_address():
     hostvars = dict(HOSTVARS, **{"node-b": dict(HOSTVARS["node-b"], dcu_gateway_address="192.168.7.12")})
     assert gateway_hosts(["node-a", "node-b"], hostvars) == [
-        {"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m"]},
-        {"name": "node-b", "url": "http://192.168.7.12:9000", "models": ["qwen", "bge"]},
+        {"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m"], "kinds": {"m": "chat"}},
+        {"name": "node-b", "url": "http://192.168.7.12:9000", "models": ["qwen", "bge"],
+         "kinds": {"qwen": "chat", "bge": "embedding"}},
     ]
 
 
@@ -93,7 +95,8 @@ def test_a_proxy_behind_a_gateway_with_tls_is_reached_and_scraped_over_https():
     tls = dict(HOSTVARS["node-b"], dcu_proxy_public_url="https://10.0.0.12:8443", dcu_gateway_address="192.168.7.12")
     hostvars = dict(HOSTVARS, **{"node-b": tls})
     assert gateway_hosts(["node-b"], hostvars) == [
-        {"name": "node-b", "url": "https://192.168.7.12:8443", "models": ["qwen", "bge"]}]
+        {"name": "node-b", "url": "https://192.168.7.12:8443", "models": ["qwen", "bge"],
+         "kinds": {"qwen": "chat", "bge": "embedding"}}]
     jobs = prometheus_targets(["node-a", "node-b"], hostvars, "node-a")
     assert jobs["dcu-proxy"] == [{"targets": ["127.0.0.1:8000"], "labels": {"host": "node-a"}},
                                  {"targets": ["10.0.0.12:8443"], "labels": {"host": "node-b", "__scheme__": "https"}}]
