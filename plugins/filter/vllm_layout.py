@@ -16,6 +16,7 @@ class FilterModule(object):
             "env_file_problems": services.env_file_problems,
             "vllm_kernel_advice": services.vllm_kernel_advice,
             "vllm_served_models": services.served_models,
+            "vllm_model_kinds": services.served_model_kinds,
             "vllm_memory_max": services.largest_memory,
             "canary_error_problem": canary.canary_error_problem,
         }

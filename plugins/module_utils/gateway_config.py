@@ -33,6 +33,10 @@ PROXY_SECRET_ENV = "DCU_GATEWAY_PROXY_SECRET"
 CALLER_HOOK = "dcu_serving.gateway.hooks.caller_header"
 DEFAULTS = {"request_timeout": 900, "retries": 1, "allowed_fails": 3, "cooldown": 30}
 URL = re.compile(r"^https?://[^/\s]+$")
+# LiteLLM's mode for a model of each kind (dcu_vllm_model_kinds): its health check asks a deployment in that API - a
+# chat probe to a speech model gets dcu-proxy's 400 and counts it unhealthy. Chat and vision: LiteLLM's default.
+MODES = {"embedding": "embedding", "rerank": "rerank", "transcription": "audio_transcription",
+         "speech": "audio_speech"}
 
 
 class FleetError(ValueError):
@@ -40,7 +44,7 @@ class FleetError(ValueError):
 
 
 def deployments(hosts):
-    """One LiteLLM deployment per (host, model)."""
+    """One LiteLLM deployment per (host, model); `kinds` ({model: kind}, optional) gives its mode."""
     out, seen = [], set()
     for i, host in enumerate(hosts or []):
         where = f"dcu_gateway_hosts[{i}]"
@@ -52,6 +56,7 @@ def deployments(hosts):
         models = host.get("models") or []
         if not isinstance(models, list) or not models:
             raise FleetError(f"{where}.models: the host {host['name']} serves no model; list its served model names")
+        kinds = host.get("kinds") or {}
         for model in models:
             key = (host["name"], str(model))
             if key in seen:
@@ -65,7 +70,8 @@ def deployments(hosts):
                     # dcu-proxy believes the gateway by its secret (and address), never by address alone
                     "api_key": "os.environ/" + PROXY_SECRET_ENV,
                 },
-                "model_info": {"id": f"{host['name']}/{model}"},
+                "model_info": {"id": f"{host['name']}/{model}",
+                               **({"mode": MODES[kinds[model]]} if kinds.get(model) in MODES else {})},
             })
     if not out:
         raise FleetError("dcu_gateway_hosts: no serving host; put the hosts in the group dcu_gateway_serving_group "

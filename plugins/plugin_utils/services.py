@@ -583,6 +583,21 @@ def served_models(services, default_model):
     return names
 
 
+def served_model_kinds(services, default_model):
+    """{model name: its service's kind} over served_models: what the gateway declares each deployment to be (LiteLLM
+    probes a speech model with a synthesis, not a chat). The default layout's model is a vision model."""
+    if not services:
+        return {default_model: "vision"}
+    kinds = {}
+    for service in services:
+        if not isinstance(service, dict):
+            continue
+        models = service.get("models")
+        for model in [models] if isinstance(models, str) else models or []:
+            kinds.setdefault(model, service.get("kind") or "chat")
+    return kinds
+
+
 # What vllm_instances (deprecated) returned per instance: the default layout's keys before services existed.
 LEGACY_INSTANCE_KEYS = ("card", "port", "url", "unit", "container", "pci_bus", "card_node", "render_node",
                         "numa_node", "cpus", "internal_port", "model", "max_num_seqs", "max_model_len", "max_images")

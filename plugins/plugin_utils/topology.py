@@ -1,9 +1,9 @@
 # Copyright: dcu-serving contributors
 # Apache License 2.0 (see LICENSE at the collection's root or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""What connects to what: a host's dcu-proxy backends from its vLLM instances, and across the fleet the
-addresses each host's pieces are reached at (Prometheus' targets, the gateway's hosts) from the facts each
-role exports. Every list here is built from exported facts, never from another role's defaults."""
+"""What connects to what: a host's dcu-proxy backends from its vLLM instances (and MinerU behind its entrance), and
+across the fleet the addresses each host's pieces are reached at (Prometheus' targets, the gateway's hosts) from the
+facts each role exports. Every list here is built from exported facts, never from another role's defaults."""
 
 import ipaddress
 from urllib.parse import urlsplit
@@ -11,7 +11,13 @@ from urllib.parse import urlsplit
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 
-from ansible_collections.dcu.serving.plugins.module_utils.addresses import is_loopback, url_host
+from ansible_collections.dcu.serving.plugins.module_utils.addresses import (
+    ListenError,
+    is_loopback,
+    local_url,
+    reachable_elsewhere,
+    url_host,
+)
 
 display = Display()
 
@@ -114,9 +120,9 @@ def prometheus_expected_cards(hosts, hostvars):
 
 
 def gateway_hosts(hosts, hostvars):
-    """The serving hosts as the gateway reaches them, [{name, url, models}]: each host's dcu-proxy at its exported
-    public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port, serving
-    the models its dcu_vllm exports (dcu_vllm_models)."""
+    """The serving hosts as the gateway reaches them, [{name, url, models, kinds}]: each host's dcu-proxy at its
+    exported public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port,
+    serving the models its dcu_vllm exports (dcu_vllm_models) of the kinds it exports (dcu_vllm_model_kinds)."""
     out = []
     for host in hosts or []:
         url = _exported(hostvars, host, "dcu_proxy_public_url", "dcu_proxy", "exports")
@@ -129,7 +135,8 @@ def gateway_hosts(hosts, hostvars):
                 "an address the gateway reaches (e.g. 0.0.0.0:8000), or dcu_gateway_address in its host vars".format(
                     host, url))
         out.append({"name": host, "url": url,
-                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports"))})
+                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports")),
+                    "kinds": dict(_exported(hostvars, host, "dcu_vllm_model_kinds", "dcu_vllm", "exports"))})
     return out
 
 
@@ -208,3 +215,47 @@ def gateway_trust(gateways, hostvars, listen="0.0.0.0:4000"):
     first = hostvars.get(gateways[0], {})
     return {"url": " or ".join(urls), "allow": allow, "secret": next(iter(secrets)), "tls": next(iter(modes)),
             "tls_lab_dir": first.get("dcu_gateway_tls_lab_dir"), "tls_ca": str(first.get("dcu_gateway_tls_ca") or "")}
+
+
+MINERU_ENTRANCES = ("own", "proxy")
+
+
+def _whole(value, name, low=1):
+    """An inventory value that must be a whole number >= low, or an error naming its variable."""
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = None
+    if number is None or number < low:
+        raise AnsibleFilterError("{} is {!r}: give a whole number of at least {}".format(name, value, low))
+    return number
+
+
+def proxy_mineru(entrance, listen, max_upload_mb, workers, queue_size, timeout):
+    """dcu-proxy's `mineru` section for a host whose MinerU API comes through the proxy's entrance
+    (`dcu_mineru_entrance: proxy`): {url, max_upload_mb, concurrency, queue_size, timeout} - MinerU where the host
+    reaches it (from dcu_mineru_listen), its upload limit, its workers as the parses in flight, the entrance's queue
+    and deadline; {} for `own` (MinerU on its own port only). Fails naming the variable and the fix: an entrance
+    other than own or proxy, or MinerU listening beyond loopback while the proxy is its entrance (its callers would
+    pass by the proxy's trust and limits; MinerU has no authentication)."""
+    if entrance not in MINERU_ENTRANCES:
+        raise AnsibleFilterError(
+            "dcu_mineru_entrance is {!r}: choose own (MinerU's API on dcu_mineru_listen only) or proxy (on dcu-proxy's "
+            "port too, under /mineru/, with the API's callers, limits and metrics)".format(entrance))
+    try:
+        url = local_url(listen, what="dcu_mineru_listen")
+        reachable = reachable_elsewhere(listen, what="dcu_mineru_listen")
+    except ListenError as e:
+        raise AnsibleFilterError(str(e)) from None
+    section = {"url": url, "max_upload_mb": _whole(max_upload_mb, "dcu_mineru_max_upload_mb"),
+               "concurrency": _whole(workers, "dcu_mineru_workers"),
+               "queue_size": _whole(queue_size, "dcu_mineru_entrance_queue", 0),
+               "timeout": _whole(timeout, "dcu_mineru_parse_timeout")}
+    if entrance == "own":
+        return {}
+    if reachable:
+        raise AnsibleFilterError(
+            "dcu_mineru_entrance is proxy but dcu_mineru_listen {} takes calls from the network, past dcu-proxy's "
+            "callers and limits (MinerU has no authentication): set dcu_mineru_listen to 127.0.0.1:{}, or "
+            "dcu_mineru_entrance: own".format(listen, url.rsplit(":", 1)[1]))
+    return section

@@ -36,6 +36,18 @@ def test_every_model_on_every_host_is_a_deployment_on_its_proxy():
     assert config["litellm_settings"]["turn_off_message_logging"] is True
 
 
+def test_each_deployment_says_its_kind_so_litellm_probes_it_in_its_own_api():
+    hosts = [{"name": "dcu-a", "url": "http://10.0.0.11:8000",
+              "models": ["Qwen3-32B", "MiniCPM-V-4.5", "bge-m3", "bge-reranker-v2-m3", "whisper-large-v3",
+                         "CosyVoice3-0.5B", "unlisted"],
+              "kinds": {"Qwen3-32B": "chat", "MiniCPM-V-4.5": "vision", "bge-m3": "embedding",
+                        "bge-reranker-v2-m3": "rerank", "whisper-large-v3": "transcription",
+                        "CosyVoice3-0.5B": "speech"}}]
+    modes = {d["model_name"]: d["model_info"].get("mode") for d in gateway_config(hosts)["model_list"]}
+    assert modes == {"Qwen3-32B": None, "MiniCPM-V-4.5": None, "bge-m3": "embedding", "bge-reranker-v2-m3": "rerank",
+                     "whisper-large-v3": "audio_transcription", "CosyVoice3-0.5B": "audio_speech", "unlisted": None}
+
+
 def test_hosts_over_tls_are_verified_with_their_ca_and_never_without_one():
     assert "ssl_verify" not in gateway_config(HOSTS, {"hosts_ca": "/etc/dcu-gateway/hosts-ca.pem"})["litellm_settings"]
     tls = [dict(HOSTS[0], url="https://10.0.0.11:8443"), HOSTS[1]]

@@ -10,6 +10,7 @@ socket. A DNS lookup, a cost-map fetch or telemetry would show as another addres
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,23 +173,28 @@ def two_hosts(tmp_path, start_sim, start_proxy):
     trust = {"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET}
     hosts = {name: start_proxy([start_sim(*FAST_SIM, "--sim-itl-ms", "10").url], healthy=1, gateway=trust)
              for name in ("host1", "host2")}
-    config = gateway_config([{"name": n, "url": p.url, "models": [SERVED_MODEL]} for n, p in hosts.items()])
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"callers": [
-        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()},
-        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True}]}))
     drained = tmp_path / "drained.json"
-    gateway = Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
-                       "--num_workers", "1"], port, log=tmp_path / "gateway.log",
-                      env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
-                           "DCU_GATEWAY_DRAINED": str(drained), "DCU_GATEWAY_PROXY_SECRET": PROXY_SECRET,
-                           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_PROXY": "*"})
+    gateway = plain_gateway(tmp_path, port, [{"name": n, "url": p.url, "models": [SERVED_MODEL]}
+                                             for n, p in hosts.items()], {"DCU_GATEWAY_DRAINED": str(drained)})
     try:
         gateway.start()
         yield gateway, hosts, drained
     finally:
         gateway.stop()
+
+
+def plain_gateway(tmp_path, port: int, hosts: list[dict], env: dict | None = None) -> Gateway:
+    """LiteLLM (not started, no strace) in front of `hosts` ({name, url, models}), with billing's and probe's keys."""
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(gateway_config(hosts)))
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"callers": [
+        {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()},
+        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True}]}))
+    return Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
+                    "--num_workers", "1"], port, log=tmp_path / "gateway.log",
+                   env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
+                        "DCU_GATEWAY_PROXY_SECRET": PROXY_SECRET, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                        "LITELLM_LOG": "ERROR", "NO_PROXY": "*", **(env or {})})
 
 
 def test_a_drained_host_gets_no_request_and_health_names_each_host(two_hosts):
@@ -286,3 +293,64 @@ def test_the_benchmark_measures_through_the_gateway_as_a_caller(fleet, tmp_path)
     written = [p for p in out.rglob("*") if p.is_file()]
     assert written and not [p for p in written if KEYS["billing"].encode() in p.read_bytes()]
     assert KEYS["billing"] not in done.stdout + done.stderr
+
+
+# --- speech through the gateway ----------------------------------------------------------------------------------
+
+TTS, ASR = "CosyVoice3-0.5B", "whisper-large-v3"
+
+
+@pytest.fixture
+def speech_fleet(tmp_path, start_sim, start_proxy):
+    """LiteLLM in front of one host serving a TTS model (the simulator as vLLM-Omni, /v1/audio/speech) and Whisper."""
+    if not Path(LITELLM).exists():
+        pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
+    from sim.simtools import WHISPER
+
+    tts = start_sim("--omni", "--sim-ttft-ms", "5", "--sim-itl-ms", "1", served_model_name=TTS,
+                    model_config={"architectures": ["CosyVoice3ForConditionalGeneration"]})
+    asr = start_sim("--sim-ttft-ms", "5", "--sim-itl-ms", "1", served_model_name=ASR, model_config=WHISPER)
+    port = free_port()
+    proxy = start_proxy([{"url": tts.url, "models": [TTS], "kind": "speech"},
+                         {"url": asr.url, "models": [ASR], "kind": "transcription"}], healthy=2, models=None,
+                        gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET})
+    gateway = plain_gateway(tmp_path, port, [{"name": "host1", "url": proxy.url, "models": [TTS, ASR],
+                                              "kinds": {TTS: "speech", ASR: "transcription"}}])
+    try:
+        gateway.start()
+        yield gateway, proxy, tts, asr
+    finally:
+        gateway.stop()
+
+
+def test_a_caller_synthesises_and_transcribes_speech_through_the_gateway(speech_fleet):
+    gateway, proxy, tts, asr = speech_fleet
+    app = client(gateway, KEYS["billing"])
+    audio = app.audio.speech.create(model=TTS, voice="vivian", input="The report is due on Friday.").content
+    with wave.open(io.BytesIO(audio)) as w:  # a WAV a decoder accepts, whole
+        assert (w.getnchannels(), w.getframerate()) == (1, 24000) and w.getnframes() > 24000
+    text = app.audio.transcriptions.create(model=ASR, file=("speech.wav", audio), language="en").text
+    assert text.endswith("."), text
+    records = proxy.results(2)
+    # LiteLLM 1.106.12 sends an OpenAI-compatible deployment's audio calls without the request's extra_headers
+    # (litellm/main.py: speech() reads them and never passes them on; transcription() passes them to Azure only), so
+    # the caller hook's X-Caller does not reach the host for audio (docs/fleet.md). The gateway's secret does.
+    assert [(r["api"], r["model"], r["status"], r["caller"]) for r in records] == [
+        ("speech", TTS, 200, None), ("transcriptions", ASR, 200, None)]
+    assert [r["backend"] for r in records] == [f"127.0.0.1:{tts.port}", f"127.0.0.1:{asr.port}"]
+    with pytest.raises(openai.AuthenticationError):  # no key, no speech: nothing reached the host
+        client(gateway, "sk-nobody").audio.speech.create(model=TTS, voice="vivian", input="Hello.")
+    assert len(proxy.results()) == 2  # LiteLLM refused it before any call to the host
+
+    # LiteLLM's health of each audio deployment (verify.yml's gateway play) asks it in its own API: a speech model
+    # is probed with a synthesis, Whisper with a transcription, not with a chat (the config's model_info.mode).
+    for model in (TTS, ASR):
+        request = urllib.request.Request(f"{gateway.url}/health?model_id=host1/{model}",
+                                         headers={"Authorization": f"Bearer {KEYS['probe']}"})
+        try:
+            answer = urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"{model}: {e.code} {e.read()[:3000]!r}") from None
+        health = json.loads(answer.read())
+        assert health["healthy_count"] == 1, health
+

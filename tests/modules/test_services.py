@@ -244,3 +244,16 @@ def test_tensor_parallel_over_pcie_is_warned_about_the_kernel_it_lacks():
     assert vllm_kernel_advice(instances, "ro quiet iommu=pt", "0\n") == []
     hlink = vllm_services(SERVICES, [dict(card, series="BW1100") for card in CARDS], DEFAULTS)
     assert vllm_kernel_advice(hlink, "ro quiet", "1") == [], "OAM modules on HLink need neither"
+
+
+def test_each_served_model_has_its_services_kind_for_the_gateway():
+    from ansible_collections.dcu.serving.plugins.plugin_utils.services import served_model_kinds
+
+    services = [{"name": "chat", "kind": "chat", "models": ["Qwen3-32B", "qwen"]},
+                {"name": "tts", "kind": "speech", "models": "CosyVoice3-0.5B"},
+                {"name": "asr", "kind": "transcription", "models": ["whisper-large-v3"]},
+                {"name": "old", "models": ["m"]}]
+    assert served_model_kinds(services, "ignored") == {"Qwen3-32B": "chat", "qwen": "chat",
+                                                       "CosyVoice3-0.5B": "speech",
+                                                       "whisper-large-v3": "transcription", "m": "chat"}
+    assert served_model_kinds([], "MiniCPM-V-4.5") == {"MiniCPM-V-4.5": "vision"}  # the default layout

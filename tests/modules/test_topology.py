@@ -16,6 +16,7 @@ from ansible_collections.dcu.serving.plugins.plugin_utils.topology import (
     prometheus_expected_cards,
     prometheus_targets,
     proxy_backends,
+    proxy_mineru,
 )
 
 
@@ -33,6 +34,7 @@ def exported(address, proxy_port=8000, exporter="127.0.0.1:9400", base_port=8002
                                 "card": n, "cards": [n]} for n in range(cards)],
         "dcu_vllm_card_count": cards,
         "dcu_vllm_models": list(models),
+        "dcu_vllm_model_kinds": {model: "embedding" if model == "bge" else "chat" for model in models},
     }
 
 
@@ -83,8 +85,9 @@ def test_a_host_whose_roles_exported_nothing_in_this_run_is_named():
 def test_the_gateway_reaches_each_proxy_where_it_listens_or_at_its_gateway_address():
     hostvars = dict(HOSTVARS, **{"node-b": dict(HOSTVARS["node-b"], dcu_gateway_address="192.168.7.12")})
     assert gateway_hosts(["node-a", "node-b"], hostvars) == [
-        {"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m"]},
-        {"name": "node-b", "url": "http://192.168.7.12:9000", "models": ["qwen", "bge"]},
+        {"name": "node-a", "url": "http://10.0.0.11:8000", "models": ["m"], "kinds": {"m": "chat"}},
+        {"name": "node-b", "url": "http://192.168.7.12:9000", "models": ["qwen", "bge"],
+         "kinds": {"qwen": "chat", "bge": "embedding"}},
     ]
 
 
@@ -92,7 +95,8 @@ def test_a_proxy_behind_a_gateway_with_tls_is_reached_and_scraped_over_https():
     tls = dict(HOSTVARS["node-b"], dcu_proxy_public_url="https://10.0.0.12:8443", dcu_gateway_address="192.168.7.12")
     hostvars = dict(HOSTVARS, **{"node-b": tls})
     assert gateway_hosts(["node-b"], hostvars) == [
-        {"name": "node-b", "url": "https://192.168.7.12:8443", "models": ["qwen", "bge"]}]
+        {"name": "node-b", "url": "https://192.168.7.12:8443", "models": ["qwen", "bge"],
+         "kinds": {"qwen": "chat", "bge": "embedding"}}]
     jobs = prometheus_targets(["node-a", "node-b"], hostvars, "node-a")
     assert jobs["dcu-proxy"] == [{"targets": ["127.0.0.1:8000"], "labels": {"host": "node-a"}},
                                  {"targets": ["10.0.0.12:8443"], "labels": {"host": "node-b", "__scheme__": "https"}}]
@@ -117,6 +121,29 @@ def test_proxy_backends_name_each_instances_models_kind_and_limits():
         {"url": "http://127.0.0.1:8002", "models": ["qwen", "qwen-chat"], "kind": "chat", "concurrency": 8,
          "max_model_len": 32768},
         {"url": "http://127.0.0.1:8008", "models": ["bge"], "kind": "embedding"}]
+
+
+def test_minerus_entrance_is_the_proxys_mineru_section_only_when_the_inventory_says_proxy():
+    assert proxy_mineru("own", "127.0.0.1:8010", 100, 2, 16, 1800) == {}
+    assert proxy_mineru("own", "0.0.0.0:8010", 100, 2, 16, 1800) == {}  # on its own port, as before
+    assert proxy_mineru("proxy", "127.0.0.1:8011", "50", 3, 0, 600) == {
+        "url": "http://127.0.0.1:8011", "max_upload_mb": 50, "concurrency": 3, "queue_size": 0, "timeout": 600}
+    assert proxy_mineru("proxy", "[::1]:8010", 1, 1, 1, 1)["url"] == "http://[::1]:8010"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("nginx", "127.0.0.1:8010", 100, 2, 16, 1800), "dcu_mineru_entrance is 'nginx': choose own .* or proxy"),
+    (("proxy", "0.0.0.0:8010", 100, 2, 16, 1800),
+     "dcu_mineru_entrance is proxy but dcu_mineru_listen 0.0.0.0:8010 takes calls from the network.*set "
+     "dcu_mineru_listen to 127.0.0.1:8010, or dcu_mineru_entrance: own"),
+    (("proxy", "8010", 100, 2, 16, 1800), "dcu_mineru_listen is '8010': give HOST:PORT"),
+    (("proxy", "127.0.0.1:8010", 100, 0, 16, 1800), "dcu_mineru_workers is 0: give a whole number of at least 1"),
+    (("proxy", "127.0.0.1:8010", 100, 2, -1, 1800), "dcu_mineru_entrance_queue is -1: .* at least 0"),
+    (("proxy", "127.0.0.1:8010", 100, 2, 16, "soon"), "dcu_mineru_parse_timeout is 'soon'"),
+])
+def test_a_bad_entrance_setting_is_refused_naming_the_variable(args, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        proxy_mineru(*args)
 
 
 # --- who a serving host behind a gateway answers ---------------------------------------------------------------------

@@ -131,6 +131,42 @@ def test_a_parse_over_the_upload_limit_is_refused_naming_it(host):
     assert answer.stdout.startswith("413 ") and "limit of 1 MiB (dcu_mineru_max_upload_mb)" in answer.stdout, answer
 
 
+PDF = Path(__file__).resolve().parents[3] / "roles" / "dcu_mineru" / "files" / "rag-check.pdf"
+
+
+def test_a_pdf_is_parsed_through_the_proxys_entrance_recorded_and_measured(host, proxy_url):
+    """dcu_mineru_entrance: proxy - a caller on the network parses at dcu-proxy's port; MinerU stays on loopback."""
+    health = requests.get(f"{proxy_url}/mineru/health", timeout=30)
+    assert health.status_code == 200 and health.json()["status"] == "healthy", health.text
+    assert not host.socket("tcp://0.0.0.0:8010").is_listening and host.socket("tcp://127.0.0.1:8010").is_listening
+    with PDF.open("rb") as f:
+        answer = requests.post(f"{proxy_url}/mineru/file_parse", timeout=600, headers={"X-Orid": "mol-rag-parse"},
+                               files=[("files", (PDF.name, f, "application/pdf"))],
+                               data={"backend": "vlm-http-client", "server_url": "http://127.0.0.1:8000",
+                                     "return_md": "true", "lang_list": "en"})
+    assert answer.status_code == 200, answer.text[:2000]
+    assert answer.headers["X-Backend"] == "127.0.0.1:8010"
+    markdown = "".join(r.get("md_content") or "" for r in answer.json()["results"].values())
+    assert len(markdown) > 200, answer.text[:2000]
+    record = results_line(host, "mol-rag-parse")
+    assert record["api"] == "parse" and record["status"] == 200 and record["backend"] == "127.0.0.1:8010"
+    assert markdown[:40] not in host.file("/var/log/dcu-serving/results.jsonl").content_string  # no document text
+    metrics = {name: float(value) for name, value in (line.rsplit(" ", 1) for line in requests.get(
+        f"{proxy_url}/metrics", timeout=30).text.splitlines() if line and not line.startswith("#"))}
+    assert metrics['dcu_proxy_requests_total{api="parse",model="",status="200"}'] >= 1
+    assert metrics["dcu_proxy_mineru_parse_duration_seconds_count"] >= 1
+    assert metrics["dcu_proxy_mineru_concurrency"] == 2 and metrics["dcu_proxy_mineru_healthy"] == 1
+    assert metrics["dcu_proxy_mineru_max_upload_bytes"] == 2**20  # dcu_mineru_max_upload_mb: 1
+
+
+def test_an_upload_over_the_limit_is_refused_at_the_entrance_naming_it(host, proxy_url):
+    answer = requests.post(f"{proxy_url}/mineru/file_parse", timeout=60, headers={"X-Orid": "mol-rag-big"},
+                           files=[("files", ("big.pdf", b"0" * (2 * 2**20), "application/pdf"))])
+    assert answer.status_code == 413 and answer.headers["X-Backend"] == "dcu-proxy", answer.text
+    assert "dcu_mineru_max_upload_mb" in answer.json()["error"]["message"]
+    assert results_line(host, "mol-rag-big")["status"] == 413
+
+
 # --- Backup and restore ----------------------------------------------------------------------------------------
 
 def vector(i: int) -> list[float]:

@@ -276,6 +276,16 @@ SCHEMA: dict[str, Any] = {
         "cert": (None, _optional(_path)),
         "key": (None, _optional(_path)),
     },
+    # MinerU's API on this listener under /mineru/ (file_parse, health) when `url` is set (docs/proxy.md, "MinerU"):
+    # its callers pass the API's trust, a parse waits for one of `concurrency` slots in a queue of `queue_size`
+    # (503 beyond), its upload is at most `max_upload_mb` (MinerU's own limit) and it ends within `timeout`.
+    "mineru": {
+        "url": (None, _optional(_backend_url)),
+        "max_upload_mb": (100, _int(1, 1 << 20)),
+        "concurrency": (2, _int(1, 1024)),
+        "queue_size": (16, _int(0, 100_000)),
+        "timeout": (1800.0, _seconds()),
+    },
 }
 
 
@@ -332,6 +342,11 @@ class Config:
     tls_listen: str | None = None  # the API over TLS, with tls_cert (PEM, its chain after it) and tls_key
     tls_cert: str | None = None
     tls_key: str | None = None
+    mineru_url: str | None = None  # MinerU's API, relayed under /mineru/; None: not through this proxy
+    mineru_max_upload_bytes: int = 100 * 2**20
+    mineru_concurrency: int = 2  # parses in flight at MinerU
+    mineru_queue_size: int = 16  # parses waiting for one of them
+    mineru_timeout: float = 1800.0  # arrival to the answer's end, queue included
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -409,6 +424,7 @@ def build(data: Any, source: str | None = None) -> Config:
     if tls["listen"] and parse_listen("tls.listen", tls["listen"])[1] == parse_listen("listen", v["listen"])[1]:
         raise ConfigError("tls.listen", f"{tls['listen']} has the port of listen ({v['listen']}); give TLS a port "
                                         "of its own, e.g. 8443")
+    mineru = v["mineru"]
     backends = v["backends"]
     if isinstance(backends[0], str):  # the plain form: every backend serves every model
         if v["models"] is None:
@@ -438,7 +454,10 @@ def build(data: Any, source: str | None = None) -> Config:
         admin_listen=admin["listen"], admin_token=token, gateway_url=gateway["url"],
         gateway_allow=tuple(ipaddress.ip_network(n) for n in gateway["allow"] or ()),
         gateway_secret=gateway["secret"].encode() if gateway["secret"] else None,
-        tls_listen=tls["listen"], tls_cert=tls["cert"], tls_key=tls["key"], source=source,
+        tls_listen=tls["listen"], tls_cert=tls["cert"], tls_key=tls["key"],
+        mineru_url=mineru["url"], mineru_max_upload_bytes=mineru["max_upload_mb"] * 2**20,
+        mineru_concurrency=mineru["concurrency"], mineru_queue_size=mineru["queue_size"],
+        mineru_timeout=mineru["timeout"], source=source,
     )
 
 

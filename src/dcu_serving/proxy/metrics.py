@@ -18,6 +18,8 @@ from .queueing import COST_CLASSES, cost_class
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60, 300)
+# A document's parse takes seconds to many minutes (pages x the VLM's calls).
+PARSE_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
 
 class Histogram:
@@ -62,6 +64,12 @@ class Metrics:
         self.queue_wait = Histogram("dcu_proxy_queue_wait_seconds", "Time spent waiting for a slot", TTFT_BUCKETS)
         # The requests that waited in a pool queued by cost, by their expected cost (queueing.COST_CLASSES).
         self.queue_wait_by_cost = {name: Histogram("", "", LATENCY_BUCKETS) for _, name in COST_CLASSES}
+        # MinerU's parses through the entrance (mineru.py): apart from the model APIs' latency, as they take minutes.
+        self.parse_duration = Histogram("dcu_proxy_mineru_parse_duration_seconds", "MinerU parses through the "
+                                        "proxy, arrival to the answer's end (queue included)", PARSE_BUCKETS)
+        self.parse_queue_wait = Histogram("dcu_proxy_mineru_queue_wait_seconds", "Time a MinerU parse waited for "
+                                          "one of mineru.concurrency slots", PARSE_BUCKETS)
+        self.parse_rejected: dict[str, int] = {}  # reason -> parses the proxy answered itself (mineru.REFUSALS)
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -80,6 +88,16 @@ class Metrics:
             self.ttft.observe(ttft)
         if queue_wait is not None:
             self.queue_wait.observe(queue_wait)
+
+    def parsed(self, status: int, latency: float, queue_wait: float | None, refused: str | None):
+        """A MinerU parse ended: counted with the API requests (api `parse`), timed on its own."""
+        key = ("parse", None, status)
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+        self.parse_duration.observe(latency)
+        if queue_wait is not None:
+            self.parse_queue_wait.observe(queue_wait)
+        if refused is not None:
+            self.parse_rejected[refused] = self.parse_rejected.get(refused, 0) + 1
 
     def errors_of(self, backend: str) -> int:
         """Answers with status >= 500 from one backend (host:port), every model."""
@@ -116,6 +134,7 @@ class Metrics:
             errors.add_metric([backend, model or ""], count)
         yield errors
 
+        yield from self._mineru()
         relay = self._proxy.relay
         yield GaugeMetricFamily("dcu_proxy_body_bytes_held", "Bytes of request bodies the proxy holds now, "
                                 "against body_budget (bodies that did not come with their request's head)",
@@ -166,3 +185,33 @@ class Metrics:
                 for name, count in by_cost.items():
                     pools["by_cost"].add_metric([model, g.kind, name], count)
         yield from pools.values()
+
+    def _mineru(self):
+        """MinerU's queue and limits at the entrance, and its own task counts from its /health; nothing while the
+        entrance is off."""
+        mineru = self._proxy.mineru
+        status = mineru.status() if mineru is not None else None
+        if status is None:
+            return
+        for name, doc, value in (
+                ("parses_in_flight", "MinerU parses sent on and not yet answered", status["in_flight"]),
+                ("parses_waiting", "MinerU parses waiting in the proxy's queue for a slot", status["waiting"]),
+                ("concurrency", "MinerU parses allowed in flight (mineru.concurrency)", status["concurrency"]),
+                ("queue_size", "MinerU parses allowed to wait (mineru.queue_size)", status["queue_size"]),
+                ("max_upload_bytes", "The largest upload to MinerU (mineru.max_upload_mb)",
+                 status["max_upload_bytes"]),
+                ("healthy", "1 if MinerU's /health answered healthy at the last check", int(status["healthy"]))):
+            yield GaugeMetricFamily(f"dcu_proxy_mineru_{name}", doc, value=value)
+        tasks = GaugeMetricFamily("dcu_proxy_mineru_tasks", "MinerU's own tasks by state, from its /health (its "
+                                  "queue: parses from every caller, the entrance's and others')", labels=["state"])
+        for state, count in status["tasks"].items():
+            if isinstance(count, int):
+                tasks.add_metric([state], count)
+        yield tasks
+        rejected = CounterMetricFamily("dcu_proxy_mineru_rejected", "MinerU parses the proxy answered itself, by "
+                                       "reason (queue_full, too_large, deadline, ...)", labels=["reason"])
+        for reason, count in sorted(self.parse_rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        yield self.parse_duration.family()
+        yield self.parse_queue_wait.family()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -502,12 +503,14 @@ class Upload:
     """The rest of an upload whose model is known: what was read (`first`) goes with the head, the rest is passed
     on as it arrives, at the pace the backend reads it (`pass_on`), never held whole."""
 
-    __slots__ = ("chunked", "content", "count", "first", "headers", "length", "limit")
+    __slots__ = ("chunked", "content", "count", "first", "headers", "length", "limit", "too_large")
 
-    def __init__(self, content, prefix: bytes, length: int | None, encoded: bool, limit: int):
+    def __init__(self, content, prefix: bytes, length: int | None, encoded: bool, limit: int,
+                 too_large: Callable[[int], ProxyError] | None = None):
         self.content = content
         self.count = len(prefix)
         self.limit = limit
+        self.too_large = too_large or _too_large  # the 413 naming the limit that applies (MinerU's has its own)
         # Content-Length is the caller's unless aiohttp decoded a Content-Encoding; else the body goes chunked.
         self.chunked = length is None or encoded
         if self.chunked:
@@ -538,7 +541,7 @@ class Upload:
                         break
                     count += len(chunk)
                     if count > self.limit:
-                        raise _too_large(self.limit)
+                        raise self.too_large(self.limit)
                     conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
                     await conn.drain()
                 await conn.response()

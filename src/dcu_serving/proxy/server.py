@@ -25,6 +25,7 @@ from .balancer import Balancer
 from .config import Config, ConfigError, tls_context
 from .errors import ProxyError
 from .metrics import Metrics
+from .mineru import MinerU
 from .relay import API_PATHS, Relay
 from .responses import error_response, own_headers
 from .results import ResultsLog
@@ -41,6 +42,7 @@ class Proxy:
         self._reload_config = reload_config
         self.balancer: Balancer | None = None
         self.relay: Relay | None = None
+        self.mineru: MinerU | None = None  # MinerU's API under /mineru/ (mineru.url), off without it
         self.metrics = Metrics(self)
         self.status = StatusEndpoints(self, started=time.time())
         self.admin = AdminAPI(self)
@@ -66,7 +68,9 @@ class Proxy:
         self.balancer = Balancer(s.specs, s.backend_concurrency, s.queue_size, s.connect_timeout,
                                  s.retry_after, s.queue_policy, s.queue_aging)
         self.relay = Relay(s, self.balancer, self.metrics, results, self.loop)
+        self.mineru = MinerU(self, self.loop)
         await self.balancer.check_all(s.health_path, s.health_timeout)
+        await self.mineru.check(s.health_timeout)
         self._health_task = asyncio.ensure_future(self._health_loop())
         self._writes_task = asyncio.ensure_future(self.relay.watch_writes())
         log.info("backends: %d/%d healthy", self.balancer.healthy_count, len(self.balancer.backends))
@@ -84,7 +88,8 @@ class Proxy:
             await asyncio.sleep(next_round - loop.time())
             s = self.settings
             try:
-                await self.balancer.check_all(s.health_path, s.health_timeout)
+                await asyncio.gather(self.balancer.check_all(s.health_path, s.health_timeout),
+                                     self.mineru.check(s.health_timeout))
             except Exception:  # a bug must not stop the health checks for good
                 log.exception("health check round failed")
 
@@ -96,6 +101,8 @@ class Proxy:
                     await task
         if self.balancer is not None:
             self.balancer.close()
+        if self.mineru is not None and self.mineru.pool is not None:
+            self.mineru.pool.close()
         if self.relay is not None and self.relay.results is not None:
             self.relay.results.close()
 
@@ -134,6 +141,7 @@ class Proxy:
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
                                      new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging)
         relay.configure(new)  # routing follows the balancer's new pools
+        self.mineru.configure(new)
         for b in added:
             task = asyncio.ensure_future(self.balancer.check(b, new.health_path, new.health_timeout))
             self._checks.add(task)
@@ -163,6 +171,7 @@ class Proxy:
         table.update(_readable({"/v1/models": self._gateway_only(status.handle_models),
                                 "/health": status.handle_health, "/__lb_status": status.handle_lb_status,
                                 "/metrics": status.handle_metrics}))
+        table.update(self.mineru.routes(self._gateway_only))  # answering 404 while mineru.url is unset
         if self.settings.admin_token:  # with a token the admin API is reachable on the main listener too
             table.update(self.admin.routes())
         return table

@@ -49,11 +49,13 @@ class StatusEndpoints:
         `errors`), and the same per served model."""
         balancer = self._proxy.balancer
         backends = balancer.backends
-        return web.json_response(
-            {"healthy": sum(1 for b in backends if b.healthy), "total": len(backends),
-             "queue": balancer.queued, "backends": [self.backend(b) for b in backends],
-             "models": {model: g.status() for g in balancer.groups for model in g.models}},
-            headers=own_headers(request))
+        status = {"healthy": sum(1 for b in backends if b.healthy), "total": len(backends),
+                  "queue": balancer.queued, "backends": [self.backend(b) for b in backends],
+                  "models": {model: g.status() for g in balancer.groups for model in g.models}}
+        mineru = self._proxy.mineru.status()
+        if mineru is not None:  # MinerU behind this entrance: its parses here and its own queue
+            status["mineru"] = mineru
+        return web.json_response(status, headers=own_headers(request))
 
     def backend(self, b) -> dict:
         """A backend's entry: what the balancer knows, and its answers with status >= 500 since the start."""
