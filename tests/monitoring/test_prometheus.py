@@ -260,7 +260,7 @@ def _known_metrics() -> set[str]:
     from dcu_serving.sim.metrics import Metrics as SimMetrics
 
     exporter = CardCollector(HySmi("/nonexistent/hy-smi", 1.0)).describe()
-    proxy = ProxyMetrics(type("Proxy", (), {"balancer": None, "relay": None})()).collect()
+    proxy = ProxyMetrics(type("Proxy", (), {"balancer": None, "relay": None, "mineru": None})()).collect()
     sim = SimMetrics("m").registry.collect()
     registry = CollectorRegistry()  # Prometheus' own series: up, ALERTS
     return _sample_names([*exporter, *proxy, *sim, *registry.collect()]) | {"up", "ALERTS"}
