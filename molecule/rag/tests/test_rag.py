@@ -211,6 +211,68 @@ def test_a_restore_brings_back_the_same_search_results(host, run_playbook, milvu
     assert host.file(f"{aside}/etcd").is_directory, "the replaced data is kept"
 
 
+# --- Changes that do not serve ---------------------------------------------------------------------------------
+
+def unit_files(host, *units: str) -> dict:
+    return {u: host.file(f"/etc/systemd/system/{u}.service").content_string for u in units}
+
+
+def test_a_change_the_vector_store_cannot_serve_on_is_rolled_back_with_its_data(host, run_playbook, milvus_url):
+    """A changed Milvus unit that does not answer healthy (its health port taken by dcu-proxy's, as a new image that
+    fails would): data.yml snapshots etcd and Milvus first, waits the start grace on the new unit, then puts the
+    earlier units back and restores the snapshot. The searches answer as before; the failed start's data is kept."""
+    assert milvus(milvus_url, "collections/create", collectionName="kept", dimension=8, metricType="L2")["code"] == 200
+    assert milvus(milvus_url, "insert", collectionName="kept",
+                  data=[{"vector": vector(i), "chunk": f"kept-{i}"} for i in range(20)])["data"]["insertCount"] == 20
+
+    def found():
+        answer = milvus(milvus_url, "search", collectionName="kept", vector=vector(7), limit=3, outputFields=["chunk"])
+        rows = [row["chunk"] for row in answer.get("data", [])] if answer["code"] == 200 else []
+        return rows if len(rows) == 3 else None
+
+    before = wait_until(found, 30, what="the inserted vectors searchable")
+    assert before[0] == "kept-7"
+    units = unit_files(host, "dcu-etcd", "dcu-milvus")
+    archives = set(host.check_output("ls /var/backups/dcu-serving/milvus").split())
+    asides = set(host.check_output("ls -d /var/lib/dcu-serving/milvus.before-restore-* || true").split())
+
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_metrics_port": 8000, "dcu_milvus_start_grace": 90})
+    flat = " ".join(out.split())
+    assert rc != 0, out[-3000:]
+    assert "Rolled back on node: Not healthy within the start grace" in flat, out[-3000:]
+    assert "dcu-milvus did not answer healthy at http://127.0.0.1:8000/healthz" in flat, out[-3000:]
+    assert "--env=METRICS_PORT=8000" in flat and "--env=METRICS_PORT=9091" in flat, out[-3000:]  # the change
+    snapshots = [a for a in set(host.check_output("ls /var/backups/dcu-serving/milvus").split()) - archives
+                 if a.endswith(".tar.gz")]
+    assert len(snapshots) == 1, snapshots
+    assert f"snapshot /var/backups/dcu-serving/milvus/{snapshots[0]}" in flat, out[-3000:]
+    assert "etcd and Milvus answer healthy again" in flat
+
+    assert unit_files(host, "dcu-etcd", "dcu-milvus") == units
+    assert host.service("dcu-milvus").is_running and host.service("dcu-etcd").is_running
+    assert wait_until(found, 60, what="the collection searchable after the rollback") == before
+    aside = set(host.check_output("ls -d /var/lib/dcu-serving/milvus.before-restore-*").split()) - asides
+    assert len(aside) == 1 and host.file(f"{aside.pop()}/milvus").is_directory, "the failed start's data is kept"
+
+
+def test_a_change_minerus_api_cannot_serve_on_is_rolled_back(host, run_playbook, proxy_url):
+    """MinerU on a port another service holds (etcd's): it never answers healthy within its start grace, and the
+    earlier unit comes back - MinerU holds no data, so nothing else moves."""
+    unit = unit_files(host, "dcu-mineru")
+    milvus_pid = host.check_output("systemctl show --property=MainPID --value dcu-milvus")
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_mineru_listen": "127.0.0.1:2379", "dcu_mineru_start_grace": 60})
+    flat = " ".join(out.split())
+    assert rc != 0, out[-3000:]
+    assert ("Rolled back on node: dcu-mineru did not answer healthy at http://127.0.0.1:2379/health within its start "
+            "grace of 60 s") in flat, out[-3000:]
+    assert "--port=2379" in flat and "(was" in flat and "--port=8010" in flat, out[-3000:]
+    assert "MinerU answers healthy again" in flat
+    assert unit_files(host, "dcu-mineru") == unit
+    assert host.check_output("systemctl show --property=MainPID --value dcu-milvus") == milvus_pid
+    health = requests.get(f"{proxy_url}/mineru/health", timeout=30)
+    assert health.status_code == 200 and health.json()["status"] == "healthy", health.text
+
+
 # --- Refusals -------------------------------------------------------------------------------------------------
 
 def test_a_missing_vault_password_is_refused_naming_the_fix(host, run_playbook, tmp_path):
