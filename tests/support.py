@@ -210,6 +210,20 @@ class Proxy(ServerProcess):
         self.proc.send_signal(sig)
 
 
+def local_play(tmp_path: Path, inventory: dict, play: list, host: str = "node") -> tuple[int, str, list]:
+    """Run a play with ansible-playbook on this machine, as the collection's playbooks run: (return code, whole
+    output, each task's result on `host` in order; Ansible's JSON callback)."""
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "hosts.yml"),
+         str(tmp_path / "play.yml")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
+    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
+    return done.returncode, done.stdout + done.stderr, [t["hosts"][host] for t in tasks if host in t["hosts"]]
+
+
 def make_proxy(tmp_path: Path, backends: list[str], **settings) -> Proxy:
     port = free_port()
     admin_port = free_port()

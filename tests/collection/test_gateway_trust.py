@@ -5,46 +5,36 @@ host's API follows the gateway's TLS: plain HTTP on the network only where the i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+from support import local_play
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "gw-trust-secret-0123456789"
 
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIBsite\n-----END CERTIFICATE-----\n"  # what the exports pass on, unread
 
 
+# dcu_proxy's exports on the serving host, and what they set
+PLAY = [{"hosts": "dcu_nodes", "gather_facts": False, "tasks": [
+    {"name": "Exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_proxy", "tasks_from": "exports",
+                                                        "public": True}},
+    {"name": "Show", "ansible.builtin.debug": {"msg": {
+        "url": "{{ dcu_proxy_gateway_url }}", "allow": "{{ dcu_proxy_gateway_allow }}",
+        "secret_set": "{{ dcu_proxy_gateway_secret == '" + SECRET + "' }}",
+        "headers_set": "{{ dcu_proxy_api_headers == {'Authorization': 'Bearer " + SECRET + "'} }}",
+        "public_url": "{{ dcu_proxy_public_url }}", "local_url": "{{ dcu_proxy_url }}",
+        "public_ca": "{{ dcu_proxy_public_ca }}"}}},
+]}]
+
+
 def run(tmp_path: Path, gateway: dict, node: dict | None = None) -> tuple[int, str, list]:
-    """(return code, whole output, the results of the play's last task on the serving host)."""
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
-        "dcu_nodes": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                         "ansible_become": False, "ansible_host": "10.20.0.11", **(node or {})}}},
-        "dcu_gateways": {"hosts": {"gw1": gateway}}}}}))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
-        "hosts": "dcu_nodes", "gather_facts": False,
-        "tasks": [
-            {"name": "Exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_proxy",
-                                                                "tasks_from": "exports", "public": True}},
-            {"name": "Show", "ansible.builtin.debug": {"msg": {
-                "url": "{{ dcu_proxy_gateway_url }}", "allow": "{{ dcu_proxy_gateway_allow }}",
-                "secret_set": "{{ dcu_proxy_gateway_secret == '" + SECRET + "' }}",
-                "headers_set": "{{ dcu_proxy_api_headers == {'Authorization': 'Bearer " + SECRET + "'} }}",
-                "public_url": "{{ dcu_proxy_public_url }}", "local_url": "{{ dcu_proxy_url }}",
-                "public_ca": "{{ dcu_proxy_public_ca }}"}}},
-        ]}], sort_keys=False))
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "hosts.yml"),
-         str(tmp_path / "play.yml")],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
-    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
-    return done.returncode, done.stdout + done.stderr, [t["hosts"]["node"] for t in tasks if "node" in t["hosts"]]
+    """(return code, whole output, the results of the play's tasks on the serving host)."""
+    node = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
+            "ansible_host": "10.20.0.11", **(node or {})}
+    return local_play(tmp_path, {"all": {"children": {"dcu_nodes": {"hosts": {"node": node}},
+                                                      "dcu_gateways": {"hosts": {"gw1": gateway}}}}}, PLAY)
 
 
 def test_a_serving_host_answers_the_gateway_of_the_inventory_and_presents_its_secret_itself(tmp_path):

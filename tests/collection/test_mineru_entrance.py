@@ -5,40 +5,27 @@ a bad value fails the play naming the variable and the fix."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+from support import local_play
 
-REPO = Path(__file__).resolve().parents[2]
+# dcu_proxy's and dcu_mineru's exports, as serving.yml reads them, and what they set
+PLAY = [{"hosts": "dcu_nodes", "gather_facts": False, "tasks": [
+    {"name": "Proxy exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_proxy",
+                                                              "tasks_from": "exports", "public": True}},
+    {"name": "MinerU exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_mineru",
+                                                               "tasks_from": "exports"}},
+    {"name": "Show", "ansible.builtin.debug": {"msg": {
+        "section": "{{ __dcu_proxy_config_data.mineru | default('none') }}", "api_url": "{{ dcu_mineru_api_url }}"}}},
+]}]
 
 
 def run(tmp_path: Path, node: dict) -> tuple[int, str, list]:
     """(return code, whole output, the results of the play's tasks on the host)."""
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"dcu_nodes": {"hosts": {"node": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
-        "dcu_mineru_vlm_model": "MinerU2.5-2509-1.2B", **node}}}}}}))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
-        "hosts": "dcu_nodes", "gather_facts": False,
-        "tasks": [
-            {"name": "Proxy exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_proxy",
-                                                                      "tasks_from": "exports", "public": True}},
-            {"name": "MinerU exports", "ansible.builtin.include_role": {"name": "dcu.serving.dcu_mineru",
-                                                                       "tasks_from": "exports"}},
-            {"name": "Show", "ansible.builtin.debug": {"msg": {
-                "section": "{{ __dcu_proxy_config_data.mineru | default('none') }}",
-                "api_url": "{{ dcu_mineru_api_url }}"}}},
-        ]}], sort_keys=False))
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "hosts.yml"),
-         str(tmp_path / "play.yml")],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
-    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
-    return done.returncode, done.stdout + done.stderr, [t["hosts"]["node"] for t in tasks if "node" in t["hosts"]]
+    node = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
+            "dcu_mineru_vlm_model": "MinerU2.5-2509-1.2B", **node}
+    return local_play(tmp_path, {"all": {"children": {"dcu_nodes": {"hosts": {"node": node}}}}}, PLAY)
 
 
 def test_the_entrance_puts_minerus_section_into_proxy_yml_only_when_the_inventory_says_proxy(tmp_path):
