@@ -11,4 +11,5 @@ class FilterModule(object):
         return {
             "systemd_compatible": systemd.systemd_compatible,
             "failed_start_lines": systemd.failed_start_lines,
+            "changed_lines": systemd.changed_lines,
         }

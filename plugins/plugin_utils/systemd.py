@@ -104,3 +104,12 @@ def failed_start_lines(lines, count=8):
     verdicts = [i for i, line in enumerate(lines) if WAITER_VERDICT.search(line)]
     end = verdicts[-1] + 1 if verdicts else len(lines)
     return lines[max(0, end - int(count)):end]
+
+
+def changed_lines(now, was):
+    """{now: the lines of `now` not in `was`, was: the lines of `was` not in `now`}, each stripped: what a rollback
+    says a unit's change was, both ways."""
+    now_lines = [line.strip() for line in (now or "").splitlines()]
+    was_lines = [line.strip() for line in (was or "").splitlines()]
+    return {"now": [line for line in now_lines if line not in was_lines],
+            "was": [line for line in was_lines if line not in now_lines]}

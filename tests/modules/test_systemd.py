@@ -7,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 
-from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, failed_start_lines, systemd_compatible
+from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, changed_lines, failed_start_lines, systemd_compatible
 from support import REPO
 
 
@@ -123,3 +123,11 @@ def test_a_crash_the_waiter_saw_is_its_verdict_and_a_log_without_one_gives_its_t
     assert failed_start_lines(crashed, 8) == crashed[:2]
     assert failed_start_lines(NEVER_READY_LOG[10:], 3) == NEVER_READY_LOG[-3:]
     assert failed_start_lines([], 8) == [] and failed_start_lines(None) == []
+
+
+def test_a_units_change_is_told_both_ways_line_by_line():
+    was = "[Service]\n  --env=PROXY_PORT=19530 --env=METRICS_PORT=9091 \\\nRestart=on-failure\n"
+    now = "[Service]\n  --env=PROXY_PORT=19530 --env=METRICS_PORT=8000 \\\nRestart=on-failure\n"
+    assert changed_lines(now, was) == {"now": ["--env=PROXY_PORT=19530 --env=METRICS_PORT=8000 \\"],
+                                       "was": ["--env=PROXY_PORT=19530 --env=METRICS_PORT=9091 \\"]}
+    assert changed_lines(was, was) == {"now": [], "was": []}
