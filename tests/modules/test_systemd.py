@@ -7,7 +7,12 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 
-from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import SINCE, changed_lines, failed_start_lines, systemd_compatible
+from ansible_collections.dcu.serving.plugins.plugin_utils.systemd import (
+    SINCE,
+    changed_lines,
+    failed_start_lines,
+    systemd_compatible,
+)
 from support import REPO
 
 
