@@ -99,6 +99,14 @@ class Metrics:
         if refused is not None:
             self.parse_rejected[refused] = self.parse_rejected.get(refused, 0) + 1
 
+    def task_call(self, api: str, status: int, refused: str | None):
+        """A call of MinerU's task API ended (api `parse_task`, `parse_status`, `parse_result`): counted with the API
+        requests; the submissions and reads the proxy answered itself by their reason."""
+        key = (api, None, status)
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+        if refused is not None:
+            self.parse_rejected[refused] = self.parse_rejected.get(refused, 0) + 1
+
     def errors_of(self, backend: str) -> int:
         """Answers with status >= 500 from one backend (host:port), every model."""
         return sum(count for (name, _), count in self.backend_errors.items() if name == backend)
@@ -200,6 +208,8 @@ class Metrics:
                 ("queue_size", "MinerU parses allowed to wait (mineru.queue_size)", status["queue_size"]),
                 ("max_upload_bytes", "The largest upload to MinerU (mineru.max_upload_mb)",
                  status["max_upload_bytes"]),
+                ("task_submissions", "Task submissions (POST /mineru/tasks) let through and not yet answered by "
+                 "MinerU", status["submitting"]),
                 ("healthy", "1 if MinerU's /health answered healthy at the last check", int(status["healthy"]))):
             yield GaugeMetricFamily(f"dcu_proxy_mineru_{name}", doc, value=value)
         tasks = GaugeMetricFamily("dcu_proxy_mineru_tasks", "MinerU's own tasks by state, from its /health (its "
@@ -208,8 +218,9 @@ class Metrics:
             if isinstance(count, int):
                 tasks.add_metric([state], count)
         yield tasks
-        rejected = CounterMetricFamily("dcu_proxy_mineru_rejected", "MinerU parses the proxy answered itself, by "
-                                       "reason (queue_full, too_large, deadline, ...)", labels=["reason"])
+        rejected = CounterMetricFamily("dcu_proxy_mineru_rejected", "MinerU parses, task submissions and task "
+                                       "reads the proxy answered itself, by reason (queue_full, too_large, deadline, "
+                                       "bad_task_id, not_owner, ...)", labels=["reason"])
         for reason, count in sorted(self.parse_rejected.items()):
             rejected.add_metric([reason], count)
         yield rejected

@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -52,10 +53,17 @@ log = logging.getLogger("dcu_proxy")
 PREFIX = "/mineru"
 PARSE_PATH = PREFIX + "/file_parse"
 HEALTH_PATH = PREFIX + "/health"
+TASKS_PATH = PREFIX + "/tasks"
 MINERU_ERROR_CHARS = 300  # of MinerU's own error message in the results log
 # The reason label of dcu_proxy_mineru_rejected_total, by the status of the answer the proxy made itself.
 REFUSALS = {400: "no_document", 404: "off", 408: "body_timeout", 413: "too_large", 502: "unreachable",
             503: "queue_full", 504: "deadline"}
+# MinerU's task ids: str(uuid.uuid4()) (fast_api.py, create_async_parse_task), nothing else reaches MinerU.
+TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+TASK_ID_FORM = "MinerU's task id, a lowercase UUID4 such as 0b7e2c52-5f1e-4c8a-9d3b-6a1f2e4d5c6b"
+TASK_REFUSALS = {400: "bad_task_id", 404: "off", 502: "unreachable", 504: "deadline"}
+TASK_OWNERS = 65536  # tasks whose submitter the proxy remembers (behind a gateway); the oldest is forgotten first
+TASK_ANSWER_BYTES = 1 << 20  # the most of a task's status answer read whole (to point its URLs at the entrance)
 
 
 class Slots:
@@ -119,6 +127,8 @@ class MinerU:
         self.health: dict | None = None  # MinerU's last /health answer
         self.healthy = False
         self.health_error = "not asked yet"
+        self.submitting = 0  # task submissions let through the bound whose 202 has not come back yet
+        self.owners: OrderedDict[str, str | None] = OrderedDict()  # task id -> the caller that submitted it
         self.configure(proxy.settings)
 
     def configure(self, settings):
@@ -136,7 +146,8 @@ class MinerU:
     def routes(self, guard) -> dict:
         """(method, path) -> handler for the main listener; `guard` lets only the API's callers through."""
         parse, health = guard(self.handle_parse), guard(self.handle_health)
-        return {("POST", PARSE_PATH): parse, ("GET", HEALTH_PATH): health, ("HEAD", HEALTH_PATH): health}
+        return {("POST", PARSE_PATH): parse, ("GET", HEALTH_PATH): health, ("HEAD", HEALTH_PATH): health,
+                ("POST", TASKS_PATH): guard(self.handle_submit), ("GET", TASKS_PATH + "/*"): guard(self.handle_task)}
 
     def _off(self) -> ProxyError:
         return ProxyError(404, "MinerU's API is not served through this dcu-proxy (proxy.yml has no mineru.url): "
@@ -146,20 +157,29 @@ class MinerU:
     # -- the parse --
 
     async def handle_parse(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._served(request, "parse", self._parse)
+
+    async def _served(self, request: web.BaseRequest, api: str, work, logged: bool = True,
+                      refusals: dict = REFUSALS) -> web.StreamResponse:
+        """`work` answers the call; its results-log line (unless not `logged`) and its metrics are written here
+        whatever happens. An error the proxy answers itself is counted by its reason (`refusals`)."""
         t0 = self.loop.time()
         rid = request_id(request)
         settings = self._proxy.settings
         rec = {"time": 0.0, "request_id": rid, "orid": request.headers.get(ORID_HEADER),
-               "caller": request.headers.get("X-Caller") if settings.gateway_secret else None, "api": "parse",
+               "caller": request.headers.get("X-Caller") if settings.gateway_secret else None, "api": api,
                "model": None, "backend": None, "status": 0, "finish_reason": None, "prompt_tokens": None,
                "completion_tokens": None, "ttft_ms": None, "latency_ms": None, "queue_ms": None, "stream": False,
                "attempts": 0, "error": None}
+        if api != "parse":
+            rec["task_id"] = None
         response, refused = None, None
         try:
             try:
-                response = await self._parse(request, rec, rid, t0)
+                response = await work(request, rec, rid, t0)
             except ProxyError as e:  # answered by the proxy, not by MinerU
-                rec["status"], rec["error"], refused = e.status, e.message, REFUSALS.get(e.status, str(e.status))
+                rec["status"], rec["error"] = e.status, e.message
+                refused = getattr(e, "reason", None) or refusals.get(e.status, str(e.status))
                 response = error_response(e, rid, rec["backend"] or SELF)
             except (ConnectionError, asyncio.CancelledError):
                 raise
@@ -181,10 +201,13 @@ class MinerU:
             rec["time"] = time.time()
             rec["latency_ms"] = _ms(latency)
             results = self._proxy.relay.results
-            if results is not None:
+            if results is not None and logged:
                 results.write(rec)
-            self._proxy.metrics.parsed(rec["status"], latency,
-                                       None if rec["queue_ms"] is None else rec["queue_ms"] / 1000, refused)
+            if api == "parse":
+                self._proxy.metrics.parsed(rec["status"], latency,
+                                           None if rec["queue_ms"] is None else rec["queue_ms"] / 1000, refused)
+            else:
+                self._proxy.metrics.task_call(api, rec["status"], refused)
 
     async def _parse(self, request: web.BaseRequest, rec: dict, rid: str, t0: float) -> web.StreamResponse:
         s = self._proxy.settings
@@ -277,6 +300,166 @@ class MinerU:
                 conn.abort()
         return response
 
+    # -- the task API --
+
+    async def handle_submit(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._served(request, "parse_task", self._submit)
+
+    async def handle_task(self, request: web.BaseRequest) -> web.StreamResponse:
+        """GET /mineru/tasks/{task_id} (its status) and /mineru/tasks/{task_id}/result; a result read is recorded in
+        the results log, a status poll only counted (a caller polls many times per document)."""
+        task_id, slash, what = request.path[len(TASKS_PATH) + 1:].partition("/")
+        result = bool(slash)
+
+        async def work(request, rec, rid, t0):
+            return await self._task(request, rec, rid, t0, task_id, what if slash else None)
+        return await self._served(request, "parse_result" if result else "parse_status", work, logged=result,
+                                  refusals=TASK_REFUSALS)
+
+    async def _submit(self, request: web.BaseRequest, rec: dict, rid: str, t0: float) -> web.StreamResponse:
+        s = self._proxy.settings
+        pool = self.pool
+        if pool is None:
+            raise self._off()
+        limit = s.mineru_max_upload_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _too_large(limit)
+        deadline = t0 + s.mineru_timeout
+        await self._room_for_a_task(pool, rid)
+        self.submitting += 1  # counted from the check on, so submissions that race each other see one another
+        try:
+            first = await self._first(request, deadline, s.mineru_timeout)
+            upload = Upload(request.content, first, length, "Content-Encoding" in request.headers, limit, _too_large)
+            headers = _forwarded_headers(request, rid, self._proxy.relay.drop) + upload.headers
+            rec["attempts"], rec["backend"] = 1, pool.name
+            try:
+                conn = await pool.open(pool.build_head(b"POST", b"/tasks", headers, upload.length), upload.first,
+                                       deadline)
+            except ConnectFailed as e:
+                raise ProxyError(502, f"MinerU ({s.mineru_url}) cannot be reached: {e}. Is dcu-mineru.service "
+                                      f"running?") from None
+            try:
+                await upload.pass_on(conn, deadline, s.mineru_timeout)
+                status, body, headers = await self._small_answer(conn, pool, rid)
+            except ConnectionBroken as e:
+                raise ProxyError(502, f"MinerU ({s.mineru_url}) failed before it answered the submission ({e}); "
+                                      f"the task may have been queued without its id reaching you.") from None
+            except DeadlineExceeded:
+                raise ProxyError(504, f"The submission took longer than the proxy's {s.mineru_timeout:g} s "
+                                      f"deadline (mineru.timeout).") from None
+        finally:
+            self.submitting -= 1
+        rec["status"] = status
+        if status != 202:
+            rec["error"] = _mineru_error(body)
+            return web.Response(body=body, status=status, headers=headers)
+        body, task_id = _pointed(body, _entrance(request))
+        rec["task_id"] = task_id
+        if task_id is not None and s.gateway_secret:
+            self.owners[task_id] = rec["caller"]
+            if len(self.owners) > TASK_OWNERS:
+                self.owners.popitem(last=False)
+        return web.Response(body=body, status=status, headers=headers)
+
+    async def _room_for_a_task(self, pool: Pool, rid: str):
+        """Refuse a task (503, Retry-After) that would wait at MinerU behind mineru.queue_size others.
+
+        MinerU queues what /tasks accepts without a bound of its own (AsyncTaskManager: an unbounded asyncio.Queue,
+        each upload saved to its output directory first, max_concurrent_requests parsed at once), so the bound is
+        asked of MinerU's /health now: its pending tasks, less its free parse slots, plus the submissions on their
+        way through this proxy and this one."""
+        s = self._proxy.settings
+        try:
+            health = await self._ask_health(pool, self.loop.time() + s.health_timeout, rid)
+        except (ConnectFailed, ConnectionBroken, DeadlineExceeded, ValueError) as e:
+            raise ProxyError(502, f"MinerU ({s.mineru_url}) does not answer its /health ({e or 'timed out'}), "
+                                  f"which the proxy asks before it accepts a task. Is dcu-mineru.service "
+                                  f"running?") from None
+        if not self.healthy:
+            error = ProxyError(503, f"MinerU is not healthy ({self.health_error}): no task is accepted. Retry "
+                                    f"later.", headers={"Retry-After": str(s.retry_after)})
+            error.reason = "unhealthy"
+            raise error
+        counts = [health.get(key) for key in ("queued_tasks", "processing_tasks", "max_concurrent_requests")]
+        if not all(isinstance(count, int) for count in counts):
+            raise ProxyError(502, f"MinerU's /health does not give its task counts (queued_tasks, processing_tasks, "
+                                  f"max_concurrent_requests): is it MinerU 3.x? {str(health)[:200]}")
+        queued, processing, workers = counts
+        waiting = queued + self.submitting + 1 - max(0, workers - processing)
+        if waiting > s.mineru_queue_size:
+            raise ProxyError(503, f"MinerU is busy: {queued} tasks queued and {processing} in parse (its "
+                                  f"max_concurrent_requests {workers}), {self.submitting} more being submitted; "
+                                  f"another would wait beyond mineru.queue_size {s.mineru_queue_size}. Retry later.",
+                             headers={"Retry-After": str(s.retry_after)})
+
+    async def _task(self, request: web.BaseRequest, rec: dict, rid: str, t0: float, task_id: str,
+                    what: str | None) -> web.StreamResponse:
+        s = self._proxy.settings
+        pool = self.pool
+        if pool is None:
+            raise self._off()
+        if not TASK_ID.fullmatch(task_id):
+            raise ProxyError(400, f"Not a task id: {task_id[:80]!r}. /mineru/tasks/{{task_id}} and "
+                                  f"/mineru/tasks/{{task_id}}/result take {TASK_ID_FORM} (the task_id of the 202 "
+                                  f"that POST /mineru/tasks answered).", "task_id")
+        if what not in (None, "result"):
+            error = ProxyError(404, f"No such endpoint: {request.path}; a task has /mineru/tasks/{task_id} (its "
+                                    f"status) and /mineru/tasks/{task_id}/result.")
+            error.reason = "no_endpoint"
+            raise error
+        rec["task_id"] = task_id
+        if s.gateway_secret and task_id in self.owners and self.owners[task_id] != rec["caller"]:
+            error = ProxyError(404, "Task not found for this caller: a task submitted through this entrance is "
+                                    "read by the caller (X-Caller) that submitted it.", "task_id")
+            error.reason = "not_owner"
+            raise error
+        deadline = t0 + s.mineru_timeout
+        path = f"/tasks/{task_id}{'/result' if what else ''}".encode()
+        head = pool.build_head(b"GET", path, _forwarded_headers(request, rid, self._proxy.relay.drop), None)
+        rec["attempts"], rec["backend"] = 1, pool.name
+        try:
+            conn = await pool.request(head, b"", deadline)
+            if what and conn.status == 200:  # the result: MinerU's JSON or a zip, passed on as it comes
+                return await self._answer(request, conn, pool, rec, rid)
+            status, body, headers = await self._small_answer(conn, pool, rid)
+        except ConnectFailed as e:
+            raise ProxyError(502, f"MinerU ({s.mineru_url}) cannot be reached: {e}. Is dcu-mineru.service "
+                                  f"running?") from None
+        except ConnectionBroken as e:
+            raise ProxyError(502, f"MinerU ({s.mineru_url}) failed before its answer was complete ({e}). Safe to "
+                                  f"retry.") from None
+        except DeadlineExceeded:
+            raise ProxyError(504, f"MinerU did not answer within the proxy's {s.mineru_timeout:g} s deadline "
+                                  f"(mineru.timeout). Retry later.") from None
+        rec["status"] = status
+        if status >= 400:
+            rec["error"] = _mineru_error(body)
+        if status == 404:  # expired at MinerU (its task retention), or never there
+            self.owners.pop(task_id, None)
+        body, _ = _pointed(body, _entrance(request))
+        return web.Response(body=body, status=status, headers=headers)
+
+    @staticmethod
+    async def _small_answer(conn, pool: Pool, rid: str) -> tuple[int, bytes, object]:
+        """A short answer (a task's status, MinerU's errors) read whole: at most TASK_ANSWER_BYTES."""
+        status, headers = conn.status, _response_headers(conn.headers, pool, rid)
+        released = False
+        try:
+            chunks, size = [], 0
+            while (chunk := await conn.next_chunk()) is not None:
+                size += len(chunk)
+                if size > TASK_ANSWER_BYTES:
+                    raise ConnectionBroken(f"its answer ({status}) was longer than {TASK_ANSWER_BYTES} bytes, where "
+                                           f"a task's status is short")
+                chunks.append(chunk)
+            conn.release()
+            released = True
+        finally:
+            if not released:
+                conn.abort()
+        return status, b"".join(chunks), headers
+
     # -- its health --
 
     async def handle_health(self, request: web.BaseRequest) -> web.Response:
@@ -303,22 +486,31 @@ class MinerU:
         pool = self.pool
         if pool is None:
             return
+        with contextlib.suppress(ConnectFailed, ConnectionBroken, DeadlineExceeded, ValueError):
+            await self._ask_health(pool, self.loop.time() + timeout)
+        if not self.healthy:
+            log.debug("MinerU %s is not healthy: %s", pool.name, self.health_error)
+
+    async def _ask_health(self, pool: Pool, deadline: float, rid: str | None = None) -> dict:
+        """MinerU's /health now, kept for the status and metrics; {} when it answered unhealthy. Raises what the
+        connection raises (ValueError: an answer that is not JSON)."""
+        head = pool.build_head(b"GET", b"/health", b"X-Request-Id: %s\r\n" % rid.encode() if rid else b"", None)
         try:
-            conn = await pool.request(pool.build_head(b"GET", b"/health", b"", None), b"", self.loop.time() + timeout)
+            conn = await pool.request(head, b"", deadline)
             status = conn.status
             try:
                 body = await conn.read()
             finally:
                 conn.release()
             answer = json.loads(body) if status == 200 else None
-            self.health = answer if isinstance(answer, dict) else None
-            self.healthy = self.health is not None and self.health.get("status") == "healthy"
-            self.health_error = None if self.healthy else f"/health answered {status}: {body[:200]!r}"
         except (ConnectFailed, ConnectionBroken, DeadlineExceeded, ValueError) as e:
             self.health, self.healthy = None, False
             self.health_error = str(e) or type(e).__name__
-        if not self.healthy:
-            log.debug("MinerU %s is not healthy: %s", pool.name, self.health_error)
+            raise
+        self.health = answer if isinstance(answer, dict) else None
+        self.healthy = self.health is not None and self.health.get("status") == "healthy"
+        self.health_error = None if self.healthy else f"/health answered {status}: {body[:200]!r}"
+        return self.health or {}
 
     def status(self) -> dict | None:
         """MinerU's entry in /__lb_status, None when the entrance is off."""
@@ -330,7 +522,29 @@ class MinerU:
                 "in_flight": self.slots.active, "waiting": len(self.slots.waiting),
                 "concurrency": s.mineru_concurrency, "queue_size": s.mineru_queue_size,
                 "max_upload_bytes": s.mineru_max_upload_bytes, "timeout": s.mineru_timeout,
-                "tasks": {state: health.get(f"{state}_tasks") for state in ("queued", "processing")}}
+                "tasks": {state: health.get(f"{state}_tasks") for state in ("queued", "processing")},
+                "submitting": self.submitting, "task_owners": len(self.owners)}
+
+
+def _entrance(request: web.BaseRequest) -> str:
+    """Where the caller reaches MinerU through the proxy: /mineru on its own scheme and host."""
+    return f"{request.scheme}://{request.host}{PREFIX}"
+
+
+def _pointed(body: bytes, entrance: str) -> tuple[bytes, str | None]:
+    """MinerU's task answer with its status_url and result_url pointed at the entrance (MinerU writes them from the
+    Host it saw, the proxy's connection to it), and the task id; an answer without a task id is left as it is."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body, None
+    task_id = answer.get("task_id") if isinstance(answer, dict) else None
+    if not isinstance(task_id, str) or not TASK_ID.fullmatch(task_id):
+        return body, None
+    for key, suffix in (("status_url", ""), ("result_url", "/result")):
+        if key in answer:
+            answer[key] = f"{entrance}/tasks/{task_id}{suffix}"
+    return json.dumps(answer, ensure_ascii=False).encode(), task_id
 
 
 def _too_large(limit: int) -> ProxyError:

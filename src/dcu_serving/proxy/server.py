@@ -209,16 +209,27 @@ class Proxy:
         return {**self.admin.routes(), **_readable({"/__lb_status": self.status.handle_lb_status})}
 
     def make_server(self, table: dict) -> web.Server:
+        """A server routing by `table`; a path ending in `*` there is a prefix (MinerU's /mineru/tasks/{id}), tried
+        only when no exact path matches."""
         methods: dict[str, tuple] = {}
         for method, path in table:
             methods[path] = (*methods.get(path, ()), method)
         known = ", ".join(f"{method} {path}" for method, path in table if method != "HEAD")
+        prefixes = tuple((method, path[:-1], handler) for (method, path), handler in table.items()
+                         if path.endswith("*"))
 
         def dispatch(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
             # A plain function returning the handler's coroutine: one coroutine less on every request.
             handler = table.get((request.method, request.path))
             if handler is None:
-                return _not_found(request, methods.get(request.path, ()), known)
+                path = request.path
+                allowed = methods.get(path, ())
+                for method, prefix, under in prefixes:
+                    if path.startswith(prefix):
+                        if method == request.method:
+                            return under(request)
+                        allowed = (*allowed, method)
+                return _not_found(request, allowed, known)
             return handler(request)
 
         def request_factory(message, payload, protocol, writer, task) -> web.BaseRequest:
