@@ -14,6 +14,8 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+import uuid
+import zipfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -229,3 +231,34 @@ def test_parse_only_is_the_first_two_hops(host, mineru, tmp_path):
                                 mineru.url)
     assert rc == 0, err
     assert list(report["hops"]) == ["parse", "chunk"] and report["hops"]["chunk"]["chunks"] >= 4
+
+
+def test_a_task_through_dcu_proxys_entrance_is_parsed_by_minerU_and_read_at_the_entrance(host, mineru, start_proxy,
+                                                                                          tmp_path):
+    """MinerU's own task API (POST /tasks, its status and its result as a zip) through dcu-proxy's entrance: the
+    bound asked of MinerU's real /health, the URLs of its answers pointed at the entrance, the zip passed on."""
+    proxy, sims = host
+    entrance = start_proxy([{"url": sims["vlm"].url, "models": [VLM], "kind": "vision"}], healthy=1, models=None,
+                           mineru={"url": mineru.url, "max_upload_mb": 1})
+    with pdf(tmp_path).open("rb") as f:
+        answer = requests.post(entrance.url + "/mineru/tasks", timeout=60, files={"files": ("handbook.pdf", f)},
+                               data={"backend": "vlm-http-client", "server_url": proxy.url, "return_md": "true",
+                                     "response_format_zip": "true"}, headers={"X-Orid": "ORD-TASK"})
+    assert answer.status_code == 202, answer.text
+    task = answer.json()
+    where = f"{entrance.url}/mineru/tasks/{task['task_id']}"
+    assert (task["status_url"], task["result_url"]) == (where, where + "/result")
+    status = wait_until(lambda: (s := requests.get(task["status_url"], timeout=10).json())["status"]
+                        in ("completed", "failed") and s, 240, interval=0.5, what="MinerU's task done")
+    assert status["status"] == "completed", status
+    result = requests.get(task["result_url"], timeout=60)
+    assert result.status_code == 200 and result.headers["Content-Type"] == "application/zip", result.text[:300]
+    with zipfile.ZipFile(io.BytesIO(result.content)) as archive:
+        markdown = [archive.read(name).decode() for name in archive.namelist() if name.endswith(".md")]
+    assert markdown and markdown[0].strip(), archive.namelist()
+    gone = requests.get(f"{entrance.url}/mineru/tasks/{uuid.uuid4()}", timeout=10)
+    assert gone.status_code == 404 and gone.json() == {"detail": "Task not found"}  # MinerU's own answer
+    assert requests.get(f"{entrance.url}/mineru/tasks/..%2Fhealth", timeout=10).status_code == 400
+    lines = entrance.results(2)
+    assert [(line["api"], line["orid"], line["status"]) for line in lines] == [
+        ("parse_task", "ORD-TASK", 202), ("parse_result", None, 200)]

@@ -309,7 +309,7 @@ class MinerU:
         """GET /mineru/tasks/{task_id} (its status) and /mineru/tasks/{task_id}/result; a result read is recorded in
         the results log, a status poll only counted (a caller polls many times per document)."""
         task_id, slash, what = request.path[len(TASKS_PATH) + 1:].partition("/")
-        result = bool(slash)
+        result = what == "result"
 
         async def work(request, rec, rid, t0):
             return await self._task(request, rec, rid, t0, task_id, what if slash else None)
