@@ -84,6 +84,12 @@ class StubMinerU:
             await asyncio.to_thread(self.hold.wait)  # released by the test
         finally:
             self.active -= 1
+        if form.get("response_format_zip") == "true":  # the zip, its task named in headers (fast_api.py)
+            task_id = str(uuid.uuid4())
+            return web.Response(body=self.zip, content_type="application/zip", headers={
+                "X-MinerU-Task-Id": task_id, "X-MinerU-Task-Status": "completed",
+                "X-MinerU-Task-Status-Url": str(request.url.with_path(f"/tasks/{task_id}")),
+                "X-MinerU-Task-Result-Url": str(request.url.with_path(f"/tasks/{task_id}/result"))})
         return web.json_response({"backend": form.get("backend"), "version": "3.4.5",
                                   "results": {"doc": {"md_content": MARKDOWN}}})
 
@@ -429,6 +435,17 @@ def test_a_zip_result_is_passed_on_as_it_comes(start_sim, start_proxy, mineru):
     assert result.status_code == 200 and result.headers["Content-Type"] == "application/zip"
     assert result.headers.get("Transfer-Encoding") == "chunked"  # passed on in pieces, not held to know its length
     assert result.raw.read() == mineru.zip  # 3 MiB, every byte
+
+
+def test_a_zip_from_file_parse_names_its_task_at_the_entrance(start_sim, start_proxy, mineru):
+    sim = start_sim(*FAST)
+    proxy = start_proxy([sim.url], healthy=1, mineru={"url": mineru.url})
+    r = requests.post(proxy.url + "/mineru/file_parse", timeout=30, files=[("files", ("a.pdf", DOCUMENT))],
+                      data={"response_format_zip": "true"})
+    assert r.status_code == 200 and r.content == mineru.zip
+    where = f"{proxy.url}/mineru/tasks/{r.headers['X-MinerU-Task-Id']}"
+    assert (r.headers["X-MinerU-Task-Status-Url"], r.headers["X-MinerU-Task-Result-Url"]) == (where,
+                                                                                              where + "/result")
 
 
 def test_an_oversized_task_is_refused_naming_the_limit(start_sim, start_proxy, mineru):

@@ -274,6 +274,11 @@ class MinerU:
         first, for its message in the results log."""
         status = conn.status
         headers = _response_headers(conn.headers, pool, rid)
+        task_id = headers.get("X-MinerU-Task-Id", "")
+        if TASK_ID.fullmatch(task_id):  # a zip from /file_parse names its task's URLs in headers: the entrance's
+            for header, suffix in (("X-MinerU-Task-Status-Url", ""), ("X-MinerU-Task-Result-Url", "/result")):
+                if header in headers:
+                    headers[header] = f"{_entrance(request)}/tasks/{task_id}{suffix}"
         rec["status"] = status
         if status != 200:
             try:
@@ -281,6 +286,7 @@ class MinerU:
             finally:
                 conn.release()
             rec["error"] = _mineru_error(body)
+            body, _ = _pointed(body, _entrance(request))  # /file_parse's 409 and 503 carry the task's URLs
             return web.Response(body=body, status=status, headers=headers)
         response = web.StreamResponse(status=status, headers=headers)
         released = False
