@@ -1,11 +1,12 @@
 """MinerU's API through the proxy's entrance (`mineru` in proxy.yml; docs/proxy.md, "MinerU").
 
 With `mineru.url` set, the main listener relays `POST /mineru/file_parse` (MinerU's synchronous parse: a form with
-the documents in, the result once parsed) and `GET /mineru/health` to MinerU's API, with what the model APIs get:
+the documents in, the result once parsed), MinerU's task API (`POST /mineru/tasks`, `GET /mineru/tasks/{id}` and
+`/mineru/tasks/{id}/result`) and `GET /mineru/health` to MinerU's API, with what the model APIs get:
 
 - the API's callers only (the server wraps these handlers in its gateway check; the gateway's secret stops here);
-- MinerU's upload limit, `max_upload_mb`: a declared length over it is a 413 before a byte is read, a body without
-  one is counted as it passes (MinerU's launcher enforces the same limit behind us);
+- MinerU's upload limit, `max_upload_mb`, for a parse and a task alike: a declared length over it is a 413 before a
+  byte is read, a body without one is counted as it passes (MinerU's launcher enforces the same limit behind us);
 - `concurrency` parses in flight at MinerU, `queue_size` more waiting in arrival order, a 503 with Retry-After
   beyond. A waiting parse's body is not read until it has its slot (Expect: 100-continue is answered then), so
   the queue holds no documents here; then the upload is passed on as it arrives (relay.Upload), never held whole;
@@ -13,8 +14,35 @@ the documents in, the result once parsed) and `GET /mineru/health` to MinerU's A
 - one results-log line (api `parse`; the orid from the X-Orid header, as a form's documents carry no `user`; the
   error MinerU gave, never a byte of the document or of its Markdown) and metrics of the queue (metrics.py).
 
+The task API. A submission returns once MinerU has saved the upload, so the parse slots above cannot bound it, and
+MinerU bounds nothing itself: its AsyncTaskManager puts every accepted task in an unbounded asyncio.Queue with its
+upload already on disk (MINERU_API_OUTPUT_ROOT), and parses max_concurrent_requests at once. So before a submission's
+body is read the proxy asks MinerU's /health (queued_tasks, processing_tasks, max_concurrent_requests: MinerU's own
+count, which includes tasks others submitted on MinerU's own port and the parses of /file_parse) and refuses with
+503 + Retry-After a task that would wait behind more than `queue_size` others: queued + the submissions passing
+through the proxy now + this one - MinerU's free workers > queue_size. The count is MinerU's, asked at each
+submission (one loopback round trip, small beside an upload), not the health check's last answer, nor the 202's
+queued_ahead (which comes after the document is stored, too late to refuse it). Submissions racing each other see
+one another through `submitting`; a stale /health can let one more through, never an unbounded number. What
+MinerU keeps after a parse (its results, for `dcu_mineru_task_retention` seconds) is bounded by its retention
+times the parse rate, which the workers bound. A submission gets a results-log line (api `parse_task`, its orid
+from X-Orid, `task_id`), a result read one (api `parse_result`), a status poll is only counted (api
+`parse_status`): a caller polls many times per document.
+
+MinerU writes status_url and result_url from the Host it saw (request.url_for: the proxy's connection to it): in its
+JSON answers (the 202, a status, the result's 202 and 409) and in a zip's X-MinerU-Task-*-Url headers they are
+pointed at the entrance, /mineru on the caller's own scheme and Host. A task's result (MinerU's JSON or a zip) is
+passed on as it comes; the short answers are read whole (at most TASK_ANSWER_BYTES) to be rewritten. A task id is
+MinerU's form (a lowercase UUID4) or a 400 naming it: only /tasks/{id} and /tasks/{id}/result built from a checked
+id reach MinerU, never the caller's path.
+
+Who reads a task: the id is the capability (122 random bits, as MinerU makes it); MinerU has no owner. Behind a
+gateway (`gateway.secret`, so X-Caller is vouched for) the proxy also remembers who submitted each task (the last
+TASK_OWNERS of them, in memory) and answers another caller's read with a 404; a task it does not know (submitted
+before a restart, on MinerU's own port, or forgotten) is read with the id alone.
+
 MinerU's own /health is asked with the backends' health checks, for /__lb_status and the metrics. Without
-`mineru.url` both paths answer 404 saying how the entrance is turned on.
+`mineru.url` these paths answer 404 saying how the entrance is turned on.
 """
 
 from __future__ import annotations
