@@ -276,9 +276,10 @@ SCHEMA: dict[str, Any] = {
         "cert": (None, _optional(_path)),
         "key": (None, _optional(_path)),
     },
-    # MinerU's API on this listener under /mineru/ (file_parse, health) when `url` is set (docs/proxy.md, "MinerU"):
-    # its callers pass the API's trust, a parse waits for one of `concurrency` slots in a queue of `queue_size`
-    # (503 beyond), its upload is at most `max_upload_mb` (MinerU's own limit) and it ends within `timeout`.
+    # MinerU's API on this listener under /mineru/ (file_parse, tasks, health) when `url` is set (docs/proxy.md,
+    # "MinerU"): its callers pass the API's trust, a parse waits for one of `concurrency` slots in a queue of
+    # `queue_size` (503 beyond), a task is refused when more than `queue_size` would wait in MinerU's own queue, an
+    # upload is at most `max_upload_mb` (MinerU's own limit) and a parse ends within `timeout`.
     "mineru": {
         "url": (None, _optional(_backend_url)),
         "max_upload_mb": (100, _int(1, 1 << 20)),
