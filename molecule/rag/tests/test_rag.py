@@ -236,7 +236,9 @@ def test_a_change_the_vector_store_cannot_serve_on_is_rolled_back_with_its_data(
     archives = set(host.check_output("ls /var/backups/dcu-serving/milvus").split())
     asides = set(host.check_output("ls -d /var/lib/dcu-serving/milvus.before-restore-* || true").split())
 
-    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_metrics_port": 8000, "dcu_milvus_start_grace": 90})
+    # Keep 1: the snapshot prunes the restore test's archive (dcu_milvus_backup_keep), never itself.
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_metrics_port": 8000, "dcu_milvus_start_grace": 90,
+                                                   "dcu_milvus_backup_keep": 1})
     flat = " ".join(out.split())
     assert rc != 0, out[-3000:]
     assert "Rolled back on node: Not healthy within the start grace" in flat, out[-3000:]
@@ -245,6 +247,8 @@ def test_a_change_the_vector_store_cannot_serve_on_is_rolled_back_with_its_data(
     snapshots = [a for a in set(host.check_output("ls /var/backups/dcu-serving/milvus").split()) - archives
                  if a.endswith(".tar.gz")]
     assert len(snapshots) == 1, snapshots
+    left = set(host.check_output("ls /var/backups/dcu-serving/milvus").split())
+    assert left == {snapshots[0], f"{snapshots[0]}.sha256"}, f"older archives not pruned, or the snapshot was: {left}"
     assert f"snapshot /var/backups/dcu-serving/milvus/{snapshots[0]}" in flat, out[-3000:]
     assert "etcd and Milvus answer healthy again" in flat
 
