@@ -107,9 +107,10 @@ def failed_start_lines(lines, count=8):
 
 
 def changed_lines(now, was):
-    """{now: the lines of `now` not in `was`, was: the lines of `was` not in `now`}, each stripped: what a rollback
-    says a unit's change was, both ways."""
-    now_lines = [line.strip() for line in (now or "").splitlines()]
-    was_lines = [line.strip() for line in (was or "").splitlines()]
+    """{now: the lines of `now` not in `was`, was: the lines of `was` not in `now`}, each stripped, blank and comment
+    lines (# or ;, as in unit and environment files) left out: what a rollback says a file's change was, both ways."""
+    def meaning(text):
+        return [line.strip() for line in (text or "").splitlines() if line.strip() and line.lstrip()[0] not in "#;"]
+    now_lines, was_lines = meaning(now), meaning(was)
     return {"now": [line for line in now_lines if line not in was_lines],
             "was": [line for line in was_lines if line not in now_lines]}

@@ -236,7 +236,9 @@ def test_a_change_the_vector_store_cannot_serve_on_is_rolled_back_with_its_data(
     archives = set(host.check_output("ls /var/backups/dcu-serving/milvus").split())
     asides = set(host.check_output("ls -d /var/lib/dcu-serving/milvus.before-restore-* || true").split())
 
-    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_metrics_port": 8000, "dcu_milvus_start_grace": 90})
+    # Keep 1: the snapshot prunes the restore test's archive (dcu_milvus_backup_keep), never itself.
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_milvus_metrics_port": 8000, "dcu_milvus_start_grace": 45,
+                                                   "dcu_milvus_backup_keep": 1})
     flat = " ".join(out.split())
     assert rc != 0, out[-3000:]
     assert "Rolled back on node: Not healthy within the start grace" in flat, out[-3000:]
@@ -245,6 +247,8 @@ def test_a_change_the_vector_store_cannot_serve_on_is_rolled_back_with_its_data(
     snapshots = [a for a in set(host.check_output("ls /var/backups/dcu-serving/milvus").split()) - archives
                  if a.endswith(".tar.gz")]
     assert len(snapshots) == 1, snapshots
+    left = set(host.check_output("ls /var/backups/dcu-serving/milvus").split())
+    assert left == {snapshots[0], f"{snapshots[0]}.sha256"}, f"older archives not pruned, or the snapshot was: {left}"
     assert f"snapshot /var/backups/dcu-serving/milvus/{snapshots[0]}" in flat, out[-3000:]
     assert "etcd and Milvus answer healthy again" in flat
 
@@ -260,11 +264,11 @@ def test_a_change_minerus_api_cannot_serve_on_is_rolled_back(host, run_playbook,
     earlier unit comes back - MinerU holds no data, so nothing else moves."""
     unit = unit_files(host, "dcu-mineru")
     milvus_pid = host.check_output("systemctl show --property=MainPID --value dcu-milvus")
-    rc, out = run_playbook("data.yml", extra_vars={"dcu_mineru_listen": "127.0.0.1:2379", "dcu_mineru_start_grace": 60})
+    rc, out = run_playbook("data.yml", extra_vars={"dcu_mineru_listen": "127.0.0.1:2379", "dcu_mineru_start_grace": 40})
     flat = " ".join(out.split())
     assert rc != 0, out[-3000:]
     assert ("Rolled back on node: dcu-mineru did not answer healthy at http://127.0.0.1:2379/health within its start "
-            "grace of 60 s") in flat, out[-3000:]
+            "grace of 40 s") in flat, out[-3000:]
     assert "--port=2379" in flat and "(was" in flat and "--port=8010" in flat, out[-3000:]
     assert "MinerU answers healthy again" in flat
     assert unit_files(host, "dcu-mineru") == unit
