@@ -88,6 +88,69 @@ def test_nothing_behind_a_request_whose_slack_is_spent_goes_first():
     assert pick(waiting) == 0
 
 
+# -- the reserve (queue_reserve): the pool's last free slots only for cheap requests --
+
+def test_a_reserved_slot_goes_only_to_a_cheap_request():
+    dear, cheap = Waiter("dear", 5.0, 3), Waiter("cheap", 0.2, 3)
+    assert pick([dear], free=3, reserve=2) == 0  # more free than reserved: anyone
+    assert pick([dear], free=2, reserve=2) == -1  # one of the reserved ones: it stays free
+    assert pick([dear, cheap], free=1, reserve=2) == 1
+    assert pick([cheap, dear], free=1, reserve=2) == 0
+    assert pick([dear], free=1, reserve=0) == 0  # no reserve: the order alone
+
+
+def test_a_reserved_slot_passes_a_dear_request_whose_slack_is_spent():
+    """The head may be overtaken no more, but it could not take a reserved slot anyway: the first cheap request
+    behind it does; a slot it may take still goes to it."""
+    waiting = [Waiter("spent", 9.0, 0), Waiter("cheap-a", 0.5, 2), Waiter("cheap-b", 0.1, 2)]
+    assert pick(waiting, free=1, reserve=1) == 1
+    assert pick(waiting, free=2, reserve=1) == 0
+
+
+def test_equal_costs_with_a_reserve_are_served_in_arrival_order():
+    for cost in (0.2, 5.0):  # all cheap, or all dear with slots to spare
+        line = Line(aging=math.inf)
+        for i in range(10):
+            line.arrive(f"r{i}", cost)
+        order = []
+        for _ in range(10):
+            i = pick(line.waiting, free=5, reserve=1)
+            order.append(line.waiting.pop(i).future)
+        assert order == [f"r{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("aging", [1.5, 4.0])
+def test_the_aging_bound_holds_with_a_reserve_under_a_flood_of_short_requests(aging):
+    """With 2 of 3 slots reserved, a long request that found 3 waiting is still served within aging * 4 of the
+    hand-outs it could take, however many short requests take the reserved ones meanwhile; those overtake no
+    one (its slack is spent on the other slots only)."""
+    line = Line(aging)
+    for i in range(3):
+        line.arrive(f"before-{i}", 2.0 + i)
+    line.arrive("long", 100.0)
+    bound = math.floor(aging * 4)
+    general, overtook = 0, 0
+    for i in range(1000):
+        line.arrive(f"short-{i}", 0.01)
+        free = 3 if i % 3 == 0 else 1  # every third slot freed is one a dear request may take
+        j = pick(line.waiting, free=free, reserve=2, cheap=queueing.CHEAP_S)
+        assert j >= 0
+        name = line.waiting[j].future
+        if free > 2:
+            general += 1
+            overtook += name.startswith("short")
+            queueing.overtake(line.waiting, j)
+        else:
+            assert name.startswith("short")
+        line.waiting.pop(j)
+        line.served.append(name)
+        if name == "long":
+            break
+    assert "long" in line.served, "starved"
+    assert general <= bound
+    assert overtook == queueing.slack(aging, 3)
+
+
 def test_slack_grows_with_the_place_in_line():
     assert [queueing.slack(4.0, ahead) for ahead in (0, 1, 7)] == [3, 6, 24]
     assert queueing.slack(1.0, 50) == 0
@@ -139,9 +202,9 @@ def test_cost_classes():
 
 # -- the pool that follows the order --
 
-def one_card(policy: str, aging: float = 4.0, cap: int = 1, queue_size: int = 100) -> Balancer:
+def one_card(policy: str, aging: float = 4.0, cap: int = 1, queue_size: int = 100, reserve: int = 0) -> Balancer:
     balancer = Balancer(["http://127.0.0.1:1"], cap, queue_size, connect_timeout=1, queue_policy=policy,
-                        queue_aging=aging)
+                        queue_aging=aging, queue_reserve=reserve)
     balancer.admit(balancer.backends[0])
     return balancer
 
@@ -224,6 +287,29 @@ async def test_a_retried_request_goes_first_in_a_pool_queued_by_cost():
     assert not waiting[0].done()
     group.release(balancer.backends[0])
     await waiting[0]
+
+
+async def test_a_pools_reserved_slot_waits_for_a_cheap_request():
+    """A card of 3 slots, 1 reserved: two dear requests take the two others; a third dear one waits with a slot
+    free, a cheap one takes that slot at once; when a slot frees the dear one gets it, and the reserved one stays
+    free after the cheap one leaves. The status shows the reserve."""
+    balancer = one_card("cost", cap=3, reserve=1)
+    group = balancer.groups[0]
+    card = balancer.backends[0]
+    assert group.take() is card and group.take() is card  # while more than 1 is free: no estimate needed
+    assert group.take() is None  # the last free slot is the reserved one: the cost decides
+    dear = asyncio.ensure_future(group.wait(later(5), estimate=estimate({"max_tokens": 4000}, 100)))
+    await asyncio.sleep(0)
+    assert not dear.done() and group.queued == 1 and card.active == 2
+    cheap = await group.wait(later(5), estimate=estimate({"max_tokens": 8}, 100))  # handed the slot at once
+    assert cheap is card and card.active == 3 and not dear.done()
+    assert group.status()["queue_reserve"] == 1
+    group.release(card)  # one of the dear ones ends: 1 free, the reserved one
+    await asyncio.sleep(0)
+    assert not dear.done()
+    group.release(card)  # the cheap one ends: 2 free, the dear one may take one
+    assert (await dear) is card and card.active == 2 and group.queued == 0
+    assert one_card("fifo", reserve=1).groups[0].reserve == 0  # FIFO estimates no cost: no reserve
 
 
 # -- over real sockets: a proxy in front of one card --

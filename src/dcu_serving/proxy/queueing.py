@@ -10,6 +10,12 @@ Two orders (`queue_policy`):
         arrivals (its `slack`); a request whose slack is spent is overtaken by no one, and nothing behind it goes
         first. Equal costs keep arrival order: with one kind of request it is FIFO.
 
+With `cost`, `queue_reserve` keeps the last N free slots of a pool for cheap requests (expected to cost at most
+`CHEAP_S` on a card, the cheapest cost class): a dearer request takes a slot only while more than N are free. A
+cheap request then seldom waits for the next slot to free, as it would with every slot taken; the price is that
+a reserved slot may stand empty while dear requests wait (the cards do less work). A reserved slot is one a dear
+request could not have taken, so handing it out overtakes no one: the aging bound counts the other slots.
+
 The decision is `pick`, a pure function of the waiters in arrival order (tests/proxy/test_queueing.py). It runs
 only while requests wait: a request that finds a slot free never reaches this module, nor does its cost get
 estimated.
@@ -29,6 +35,7 @@ COST_CLASSES = ((1.0, "0-1s"), (10.0, "1-10s"), (60.0, "10-60s"), (math.inf, "60
 IMAGE_TOKENS = 1024  # prompt tokens an image is taken to cost before the answers tell (vision models: 64-2,560)
 BYTES_PER_TOKEN = 4  # a prompt's text, roughly, in any language the tokenizers here see
 LEARNING_RATE = 0.1  # weight of each answer in the moving averages of `Speed`
+CHEAP_S = COST_CLASSES[0][0]  # a request expected to cost at most this may take a reserved slot (queue_reserve)
 
 
 class Waiter:
@@ -50,20 +57,28 @@ def slack(aging: float, ahead: int) -> float:
     return math.floor((aging - 1.0) * (ahead + 1))
 
 
-def pick(waiters) -> int:
+def pick(waiters, free: float = math.inf, reserve: int = 0, cheap: float = CHEAP_S) -> int:
     """The index (in arrival order) of the waiter to hand the next slot: the cheapest, the first of equal costs,
-    but none behind a waiter whose slack is spent."""
+    but none behind a waiter whose slack is spent.
+
+    `free`: the pool's free slots, the one on offer included. When `free` <= `reserve` the slot is a reserved one
+    (queue_reserve): it goes to that waiter only if it costs at most `cheap`, else to the first waiter that does;
+    -1 when none does (the slot stays free)."""
     first = waiters[0]
     best, best_cost = 0, first.cost
-    if first.slack <= 0:
-        return 0
-    for i in range(1, len(waiters)):
-        w = waiters[i]
-        if w.cost < best_cost:
-            best, best_cost = i, w.cost
-        if w.slack <= 0:
-            break
-    return best
+    if first.slack > 0:
+        for i in range(1, len(waiters)):
+            w = waiters[i]
+            if w.cost < best_cost:
+                best, best_cost = i, w.cost
+            if w.slack <= 0:
+                break
+    if free > reserve or best_cost <= cheap:
+        return best
+    for i in range(len(waiters)):
+        if waiters[i].cost <= cheap:
+            return i
+    return -1
 
 
 def overtake(waiters, chosen: int):
