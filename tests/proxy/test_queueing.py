@@ -151,6 +151,15 @@ def test_the_aging_bound_holds_with_a_reserve_under_a_flood_of_short_requests(ag
     assert overtook == queueing.slack(aging, 3)
 
 
+def test_costs_within_a_factor_of_two_keep_arrival_order():
+    assert [queueing.order_cost(s) for s in (0.05, 1.0, 1.4, 1.45, 1.6, 2.5, 0.0, -1.0)] == \
+        [0.0625, 1.0, 1.0, 2.0, 2.0, 2.0, 0.0, -1.0]
+    line = Line(aging=math.inf)
+    for name, seconds in (("long-a", 1.62), ("long-b", 1.50), ("short", 0.07), ("long-c", 1.55)):
+        line.arrive(name, queueing.order_cost(seconds))
+    assert [line.hand_out() for _ in range(4)] == ["short", "long-a", "long-b", "long-c"]
+
+
 def test_slack_grows_with_the_place_in_line():
     assert [queueing.slack(4.0, ahead) for ahead in (0, 1, 7)] == [3, 6, 24]
     assert queueing.slack(1.0, 50) == 0
@@ -272,6 +281,30 @@ async def _short(group, name: str, served: list):
     served.append(name)
     await asyncio.sleep(0.002)
     group.release(b)
+
+
+async def test_requests_alike_keep_their_order_while_the_learnt_speed_moves():
+    """Two requests of 300 tokens, the second queued after the pool's speed was learnt 10 % faster (as answers
+    move it): it is estimated a little cheaper, but not a factor of two, so the first keeps its turn."""
+    balancer = one_card("cost")
+    group = balancer.groups[0]
+    busy = group.take()
+    served: list[str] = []
+
+    async def one(name: str):
+        b = await group.wait(later(5), estimate=estimate({"max_tokens": 300}, 100))
+        served.append(name)
+        group.release(b)
+
+    first = asyncio.ensure_future(one("first"))
+    await asyncio.sleep(0)
+    group.speed.token_s *= 0.9
+    second = asyncio.ensure_future(one("second"))
+    await asyncio.sleep(0)
+    assert group.queued == 2
+    group.release(busy)
+    await asyncio.gather(first, second)
+    assert served == ["first", "second"]
 
 
 async def test_a_retried_request_goes_first_in_a_pool_queued_by_cost():

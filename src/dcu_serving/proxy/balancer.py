@@ -178,7 +178,7 @@ class Group:
             waiter = Waiter(future, -1.0, 0)
             waiters.appendleft(waiter)
         else:
-            cost = self.speed.seconds(estimate) if estimate is not None else 0.0
+            cost = queueing.order_cost(self.speed.seconds(estimate)) if estimate is not None else 0.0
             waiter = Waiter(future, cost, queueing.slack(self.aging, len(waiters)), estimate)
             waiters.append(waiter)
             if self.reserve and self._pick() is not None:  # a reserved slot is free: a cheap request takes it now
@@ -251,7 +251,7 @@ class Group:
         """Waiting requests per cost class (queueing.COST_CLASSES), a retried one in the cheapest."""
         counts = dict.fromkeys([name for _, name in queueing.COST_CLASSES], 0)
         for w in self._waiters:
-            counts[queueing.cost_class(w.cost)] += 1
+            counts[queueing.cost_class(self.speed.seconds(w.estimate) if w.estimate is not None else 0.0)] += 1
         return counts
 
     def status(self) -> dict:

@@ -8,7 +8,9 @@ Two orders (`queue_policy`):
         slot later than `queue_aging` times its place in line would have had it under FIFO, counted in slots handed
         out. On arrival a request behind N others may be overtaken by at most floor((aging - 1) * (N + 1)) later
         arrivals (its `slack`); a request whose slack is spent is overtaken by no one, and nothing behind it goes
-        first. Equal costs keep arrival order: with one kind of request it is FIFO.
+        first. Equal costs keep arrival order: with one kind of request it is FIFO. Costs are compared in powers of
+        two (`order_cost`): estimates are rough, and the speed they are made with moves with every answer, so two
+        requests alike would otherwise overtake each other by noise; within a factor of two arrival order decides.
 
 With `cost`, `queue_reserve` keeps the last N free slots of a pool for cheap requests (expected to cost at most
 `CHEAP_S` on a card, the cheapest cost class): a dearer request takes a slot only while more than N are free. A
@@ -35,7 +37,8 @@ COST_CLASSES = ((1.0, "0-1s"), (10.0, "1-10s"), (60.0, "10-60s"), (math.inf, "60
 IMAGE_TOKENS = 1024  # prompt tokens an image is taken to cost before the answers tell (vision models: 64-2,560)
 BYTES_PER_TOKEN = 4  # a prompt's text, roughly, in any language the tokenizers here see
 LEARNING_RATE = 0.1  # weight of each answer in the moving averages of `Speed`
-CHEAP_S = COST_CLASSES[0][0]  # a request expected to cost at most this may take a reserved slot (queue_reserve)
+CHEAP_S = COST_CLASSES[0][0]  # a request whose order_cost is at most this (an estimate up to 1.41 s) may take a
+#                               reserved slot (queue_reserve)
 
 
 class Waiter:
@@ -48,6 +51,13 @@ class Waiter:
         self.cost = cost
         self.slack = slack  # later arrivals that may still go first
         self.estimate = estimate
+
+
+def order_cost(seconds: float) -> float:
+    """The cost the order compares: the estimate in seconds rounded to a power of two (0 and less kept)."""
+    if seconds <= 0:
+        return seconds
+    return 2.0 ** round(math.log2(seconds))
 
 
 def slack(aging: float, ahead: int) -> float:
