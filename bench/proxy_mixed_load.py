@@ -7,8 +7,8 @@ The same seeded workload goes through five front ends, one after the other, to t
   dcu-proxy cost     least-active, a per-card cap of 4; excess requests wait in the proxy, cheapest expected work
                      first within the aging bound (queue_policy: cost, the default)
   dcu-proxy reserve N  the same with queue_reserve: N (`--reserve`, a comma-separated list: one front end each,
-                     default 1,4): the pool's last N free slots only for requests expected to cost at most a
-                     second on a card (here the short ones)
+                     default 1,2): the pool's last N free slots only for requests expected to cost about a
+                     second or less on a card (here the short ones)
   dcu-proxy fifo     the same with queue_policy: fifo
   nginx least_conn   fewest open connections; excess requests queue inside one card
   nginx round-robin  nginx's default
@@ -199,7 +199,7 @@ def main():
     ap.add_argument("--long", type=int, default=300, help="max_tokens of a long request")
     ap.add_argument("--long-share", type=float, default=0.2)
     ap.add_argument("--aging", type=float, default=None, help="queue_aging of dcu-proxy cost (default: the proxy's)")
-    ap.add_argument("--reserve", default="1,4", help="queue_reserve of each dcu-proxy reserve front end (0: none)")
+    ap.add_argument("--reserve", default="1,2", help="queue_reserve of each dcu-proxy reserve front end (0: none)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()

@@ -222,8 +222,7 @@ class Group:
                 if future.done():  # gone (deadline, caller) and not yet out of the queue
                     del waiters[i]
                     continue
-                if free > reserve:  # a reserved slot overtakes no one: no dear request could have taken it
-                    queueing.overtake(waiters, i)
+                queueing.overtake(waiters, i)
                 del waiters[i]
             else:
                 future = waiters.popleft().future

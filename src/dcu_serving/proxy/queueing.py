@@ -15,8 +15,9 @@ Two orders (`queue_policy`):
 With `cost`, `queue_reserve` keeps the last N free slots of a pool for cheap requests (expected to cost at most
 `CHEAP_S` on a card, the cheapest cost class): a dearer request takes a slot only while more than N are free. A
 cheap request then seldom waits for the next slot to free, as it would with every slot taken; the price is that
-a reserved slot may stand empty while dear requests wait (the cards do less work). A reserved slot is one a dear
-request could not have taken, so handing it out overtakes no one: the aging bound counts the other slots.
+a reserved slot may stand empty while dear requests wait (the cards do less work). A reserved slot handed to a
+cheap request overtakes the waiters ahead as any other, and the reserve holds back no request whose slack is spent:
+the aging bound holds over every slot, so a flood of cheap requests cannot starve a dear one.
 
 The decision is `pick`, a pure function of the waiters in arrival order (tests/proxy/test_queueing.py). It runs
 only while requests wait: a request that finds a slot free never reaches this module, nor does its cost get
@@ -72,22 +73,21 @@ def pick(waiters, free: float = math.inf, reserve: int = 0, cheap: float = CHEAP
     but none behind a waiter whose slack is spent.
 
     `free`: the pool's free slots, the one on offer included. When `free` <= `reserve` the slot is a reserved one
-    (queue_reserve): it goes to that waiter only if it costs at most `cheap`, else to the first waiter that does;
-    -1 when none does (the slot stays free)."""
+    (queue_reserve): it goes to that waiter if it costs at most `cheap` or a waiter in reach has spent its slack
+    (it is due: the reserve does not hold it back); else to none (-1), and the slot stays free."""
     first = waiters[0]
-    best, best_cost = 0, first.cost
-    if first.slack > 0:
-        for i in range(1, len(waiters)):
-            w = waiters[i]
-            if w.cost < best_cost:
-                best, best_cost = i, w.cost
-            if w.slack <= 0:
-                break
-    if free > reserve or best_cost <= cheap:
+    if first.slack <= 0:
+        return 0
+    best, best_cost, due = 0, first.cost, False
+    for i in range(1, len(waiters)):
+        w = waiters[i]
+        if w.cost < best_cost:
+            best, best_cost = i, w.cost
+        if w.slack <= 0:
+            due = True
+            break
+    if free > reserve or best_cost <= cheap or due:
         return best
-    for i in range(len(waiters)):
-        if waiters[i].cost <= cheap:
-            return i
     return -1
 
 
