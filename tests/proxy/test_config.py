@@ -21,6 +21,7 @@ def test_defaults_are_the_documented_ones():
     assert c.contract == cfg.Contract("reject", "reject", "reject", "reject", 9)
     assert c.admin_listen == "127.0.0.1:8001" and c.admin_token is None
     assert c.results_log is None
+    assert (c.queue_policy, c.queue_aging, c.queue_reserve) == ("cost", 4.0, 0)
 
 
 @pytest.mark.parametrize(("data", "key", "reason"), [
@@ -44,6 +45,8 @@ def test_defaults_are_the_documented_ones():
     ({**BASE, "admin": {"listen": "0.0.0.0:8001"}}, "admin.listen", "set admin.token"),
     ({**BASE, "results_log": "results.jsonl"}, "results_log", "absolute file path"),
     ({**BASE, "health": "often"}, "health", "must be a mapping"),
+    ({**BASE, "queue_reserve": -1}, "queue_reserve", "between 0 and"),
+    ({**BASE, "queue_policy": "fifo", "queue_reserve": 2}, "queue_reserve", "needs queue_policy: cost"),
 ])
 def test_a_bad_value_names_the_key_and_the_reason(data, key, reason):
     with pytest.raises(cfg.ConfigError) as e:

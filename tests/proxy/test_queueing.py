@@ -88,6 +88,72 @@ def test_nothing_behind_a_request_whose_slack_is_spent_goes_first():
     assert pick(waiting) == 0
 
 
+# -- the reserve (queue_reserve): the pool's last free slots only for cheap requests --
+
+def test_a_reserved_slot_goes_only_to_a_cheap_request():
+    dear, cheap = Waiter("dear", 5.0, 3), Waiter("cheap", 0.2, 3)
+    assert pick([dear], free=3, reserve=2) == 0  # more free than reserved: anyone
+    assert pick([dear], free=2, reserve=2) == -1  # one of the reserved ones: it stays free
+    assert pick([dear, cheap], free=1, reserve=2) == 1
+    assert pick([cheap, dear], free=1, reserve=2) == 0
+    assert pick([dear], free=1, reserve=0) == 0  # no reserve: the order alone
+
+
+def test_the_reserve_holds_back_no_request_whose_slack_is_spent():
+    """A dear request that may be overtaken no more is due: it takes a reserved slot, and nothing behind it (a
+    cheap one included) goes first; with slack left it waits for a slot the reserve does not hold."""
+    waiting = [Waiter("spent", 9.0, 0), Waiter("cheap", 0.1, 2)]
+    assert pick(waiting, free=1, reserve=1) == 0
+    waiting = [Waiter("dear", 5.0, 2), Waiter("spent", 9.0, 0), Waiter("cheap", 0.1, 2)]
+    assert pick(waiting, free=1, reserve=1) == 0  # ahead of the due one, and the cheaper of the two
+    waiting = [Waiter("dear", 5.0, 2), Waiter("cheap", 0.1, 2)]
+    assert pick(waiting, free=1, reserve=1) == 1
+
+
+def test_equal_costs_with_a_reserve_are_served_in_arrival_order():
+    for cost in (0.2, 5.0):  # all cheap, or all dear with slots to spare
+        line = Line(aging=math.inf)
+        for i in range(10):
+            line.arrive(f"r{i}", cost)
+        order = []
+        for _ in range(10):
+            i = pick(line.waiting, free=5, reserve=1)
+            order.append(line.waiting.pop(i).future)
+        assert order == [f"r{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("aging", [1.5, 4.0])
+@pytest.mark.parametrize("reserve", [1, 4])
+def test_the_aging_bound_holds_with_a_reserve_under_a_flood_of_short_requests(aging, reserve):
+    """Every slot freed is a reserved one (a short request took each slot the moment it freed, so no more than
+    `reserve` are ever free) and a short request arrives after each hand-out: a long request that found 3
+    waiting is still served within aging * 4 hand-outs, and overtaken by no more short requests than its slack."""
+    line = Line(aging)
+    for i in range(3):
+        line.arrive(f"before-{i}", 2.0 + i)
+    line.arrive("long", 100.0)
+    for i in range(1000):
+        line.arrive(f"short-{i}", 0.01)
+        j = pick(line.waiting, free=reserve, reserve=reserve)
+        assert j >= 0
+        queueing.overtake(line.waiting, j)
+        line.served.append(line.waiting.pop(j).future)
+        if line.served[-1] == "long":
+            break
+    assert "long" in line.served, "starved"
+    assert len(line.served) <= math.floor(aging * 4)
+    assert len([n for n in line.served if n.startswith("short")]) == queueing.slack(aging, 3)
+
+
+def test_costs_within_a_factor_of_two_keep_arrival_order():
+    assert [queueing.order_cost(s) for s in (0.05, 1.0, 1.4, 1.45, 1.6, 2.5, 0.0, -1.0)] == \
+        [0.0625, 1.0, 1.0, 2.0, 2.0, 2.0, 0.0, -1.0]
+    line = Line(aging=math.inf)
+    for name, seconds in (("long-a", 1.62), ("long-b", 1.50), ("short", 0.07), ("long-c", 1.55)):
+        line.arrive(name, queueing.order_cost(seconds))
+    assert [line.hand_out() for _ in range(4)] == ["short", "long-a", "long-b", "long-c"]
+
+
 def test_slack_grows_with_the_place_in_line():
     assert [queueing.slack(4.0, ahead) for ahead in (0, 1, 7)] == [3, 6, 24]
     assert queueing.slack(1.0, 50) == 0
@@ -139,9 +205,9 @@ def test_cost_classes():
 
 # -- the pool that follows the order --
 
-def one_card(policy: str, aging: float = 4.0, cap: int = 1, queue_size: int = 100) -> Balancer:
+def one_card(policy: str, aging: float = 4.0, cap: int = 1, queue_size: int = 100, reserve: int = 0) -> Balancer:
     balancer = Balancer(["http://127.0.0.1:1"], cap, queue_size, connect_timeout=1, queue_policy=policy,
-                        queue_aging=aging)
+                        queue_aging=aging, queue_reserve=reserve)
     balancer.admit(balancer.backends[0])
     return balancer
 
@@ -183,10 +249,12 @@ async def test_a_pool_queued_by_cost_serves_short_work_first_and_fifo_does_not()
         assert balancer.backends[0].active == 0
 
 
-async def test_a_pool_queued_by_cost_keeps_its_bound_under_a_flood():
+@pytest.mark.parametrize("reserve", [0, 1])
+async def test_a_pool_queued_by_cost_keeps_its_bound_under_a_flood(reserve):
     """A long request behind 2 others, then one short request after each hand-out: the long one is served within
-    aging * 3 hand-outs, and the pool's status shows the queue by cost class meanwhile."""
-    balancer = one_card("cost", aging=2.0)
+    aging * 3 hand-outs, and the pool's status shows the queue by cost class meanwhile. With a reserve the card
+    has 2 slots, 1 kept for short requests: it holds back no request whose slack is spent."""
+    balancer = one_card("cost", aging=2.0, cap=1 + reserve, reserve=reserve)
     group = balancer.groups[0]
     tasks, served = await queue_up(balancer, [("a", 300), ("b", 300), ("long", 4000)])
     status = group.status()  # "a" has the freed slot (cheaper than "long"), "b" and "long" wait
@@ -211,6 +279,30 @@ async def _short(group, name: str, served: list):
     group.release(b)
 
 
+async def test_requests_alike_keep_their_order_while_the_learnt_speed_moves():
+    """Two requests of 300 tokens, the second queued after the pool's speed was learnt 10 % faster (as answers
+    move it): it is estimated a little cheaper, but not a factor of two, so the first keeps its turn."""
+    balancer = one_card("cost")
+    group = balancer.groups[0]
+    busy = group.take()
+    served: list[str] = []
+
+    async def one(name: str):
+        b = await group.wait(later(5), estimate=estimate({"max_tokens": 300}, 100))
+        served.append(name)
+        group.release(b)
+
+    first = asyncio.ensure_future(one("first"))
+    await asyncio.sleep(0)
+    group.speed.token_s *= 0.9
+    second = asyncio.ensure_future(one("second"))
+    await asyncio.sleep(0)
+    assert group.queued == 2
+    group.release(busy)
+    await asyncio.gather(first, second)
+    assert served == ["first", "second"]
+
+
 async def test_a_retried_request_goes_first_in_a_pool_queued_by_cost():
     balancer = one_card("cost")
     group = balancer.groups[0]
@@ -224,6 +316,29 @@ async def test_a_retried_request_goes_first_in_a_pool_queued_by_cost():
     assert not waiting[0].done()
     group.release(balancer.backends[0])
     await waiting[0]
+
+
+async def test_a_pools_reserved_slot_waits_for_a_cheap_request():
+    """A card of 3 slots, 1 reserved: two dear requests take the two others; a third dear one waits with a slot
+    free, a cheap one takes that slot at once; when a slot frees the dear one gets it, and the reserved one stays
+    free after the cheap one leaves. The status shows the reserve."""
+    balancer = one_card("cost", cap=3, reserve=1)
+    group = balancer.groups[0]
+    card = balancer.backends[0]
+    assert group.take() is card and group.take() is card  # while more than 1 is free: no estimate needed
+    assert group.take() is None  # the last free slot is the reserved one: the cost decides
+    dear = asyncio.ensure_future(group.wait(later(5), estimate=estimate({"max_tokens": 4000}, 100)))
+    await asyncio.sleep(0)
+    assert not dear.done() and group.queued == 1 and card.active == 2
+    cheap = await group.wait(later(5), estimate=estimate({"max_tokens": 8}, 100))  # handed the slot at once
+    assert cheap is card and card.active == 3 and not dear.done()
+    assert group.status()["queue_reserve"] == 1
+    group.release(card)  # one of the dear ones ends: 1 free, the reserved one
+    await asyncio.sleep(0)
+    assert not dear.done()
+    group.release(card)  # the cheap one ends: 2 free, the dear one may take one
+    assert (await dear) is card and card.active == 2 and group.queued == 0
+    assert one_card("fifo", reserve=1).groups[0].reserve == 0  # FIFO estimates no cost: no reserve
 
 
 # -- over real sockets: a proxy in front of one card --

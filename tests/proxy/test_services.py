@@ -188,7 +188,7 @@ def test_models_lb_status_and_the_requests_no_pool_takes(host):
     assert (status["healthy"], status["total"], status["queue"]) == (5, 5, 0)
     chat = status["models"][CHAT]
     assert {k: v for k, v in chat.items() if k not in ("speed", "queue_by_cost")} == {
-        "kind": "chat", "healthy": 2, "total": 2, "active": 0, "queue": 0, "queue_policy": "cost",
+        "kind": "chat", "healthy": 2, "total": 2, "active": 0, "queue": 0, "queue_policy": "cost", "queue_reserve": 0,
         "backends": [s.url for s in sims["chat"]]}
     assert chat["queue_by_cost"] == {"0-1s": 0, "1-10s": 0, "10-60s": 0, "60s+": 0}
     assert chat["speed"]["token_ms"] > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -72,13 +73,14 @@ class Group:
     so a pool that is full or down holds up no other model's requests.
 
     `by_cost`: the queue hands a freed slot to the cheapest expected work within the aging bound (`aging`), else
-    to the first waiter (queueing.py). `speed` is what the pool's answers showed of its model."""
+    to the first waiter (queueing.py). `reserve` (with `by_cost` only): the last free slots of the pool that only
+    a cheap request may take (queue_reserve). `speed` is what the pool's answers showed of its model."""
 
     __slots__ = ("_routable", "_waiters", "aging", "backends", "by_cost", "kind", "loop", "max_model_len", "models",
-                 "queue_size", "retry_after", "shared", "speed")
+                 "queue_size", "reserve", "retry_after", "shared", "speed")
 
     def __init__(self, models: tuple, kind: str, queue_size: int, retry_after: int, shared: bool,
-                 by_cost: bool = False, aging: float = 4.0):
+                 by_cost: bool = False, aging: float = 4.0, reserve: int = 0):
         self.loop = asyncio.get_running_loop()
         self.models = models
         self.kind = kind
@@ -88,6 +90,7 @@ class Group:
         self.shared = shared  # the only pool: messages need not name its models
         self.by_cost = by_cost
         self.aging = aging
+        self.reserve = reserve if by_cost else 0
         self.speed = Speed()
         self.backends: list[Backend] = []
         self._routable: list[Backend] = []
@@ -119,18 +122,28 @@ class Group:
                     best = b
         return best
 
+    def _free(self) -> int:
+        """The pool's free slots."""
+        free = 0
+        for b in self._routable:
+            if b.active < b.cap:
+                free += b.cap - b.active
+        return free
+
     def take(self, front: bool = False) -> Backend | None:
         """A free slot now, or None: then `wait` for one.
 
         A plain function, so a request that finds a slot free (most do) runs no coroutine for it. `front`
-        is for a retried request: it has waited its turn already, so waiters do not hold it back.
+        is for a retried request: it has waited its turn already, so waiters do not hold it back. With a
+        reserve, only a request that finds more than `reserve` slots free takes one here: with fewer its cost
+        decides (`wait`).
         Raises ProxyError 503 when no backend of the pool is routable.
         """
         if not self._routable:
             raise self._unavailable("no healthy backend")
         if front or not self._waiters:
             b = self._pick()
-            if b is not None:
+            if b is not None and (front or not self.reserve or self._free() > self.reserve):
                 b.active += 1
                 return b
         return None
@@ -165,9 +178,11 @@ class Group:
             waiter = Waiter(future, -1.0, 0)
             waiters.appendleft(waiter)
         else:
-            cost = self.speed.seconds(estimate) if estimate is not None else 0.0
+            cost = queueing.order_cost(self.speed.seconds(estimate)) if estimate is not None else 0.0
             waiter = Waiter(future, cost, queueing.slack(self.aging, len(waiters)), estimate)
             waiters.append(waiter)
+            if self.reserve and self._pick() is not None:  # a reserved slot is free: a cheap request takes it now
+                self._dispatch()
         timer = self.loop.call_at(deadline, _expire, future)
         try:
             return await future
@@ -193,12 +208,16 @@ class Group:
 
     def _dispatch(self):
         waiters = self._waiters
+        reserve = self.reserve
         while waiters:
             b = self._pick()
             if b is None:
                 return
             if self.by_cost:
-                i = queueing.pick(waiters)
+                free = self._free() if reserve else math.inf
+                i = queueing.pick(waiters, free, reserve)
+                if i < 0:  # a reserved slot, and no cheap request waits: it stays free
+                    return
                 future = waiters[i].future
                 if future.done():  # gone (deadline, caller) and not yet out of the queue
                     del waiters[i]
@@ -231,14 +250,15 @@ class Group:
         """Waiting requests per cost class (queueing.COST_CLASSES), a retried one in the cheapest."""
         counts = dict.fromkeys([name for _, name in queueing.COST_CLASSES], 0)
         for w in self._waiters:
-            counts[queueing.cost_class(w.cost)] += 1
+            counts[queueing.cost_class(self.speed.seconds(w.estimate) if w.estimate is not None else 0.0)] += 1
         return counts
 
     def status(self) -> dict:
         return {"kind": self.kind, "healthy": sum(1 for b in self.backends if b.healthy),
                 "total": len(self.backends), "active": sum(b.active for b in self.backends),
                 "queue": len(self._waiters), "queue_by_cost": self.queued_by_cost(),
-                "queue_policy": "cost" if self.by_cost else "fifo", "speed": self.speed.status(),
+                "queue_policy": "cost" if self.by_cost else "fifo", "queue_reserve": self.reserve,
+                "speed": self.speed.status(),
                 "backends": [b.url for b in self.backends]}
 
 
@@ -254,7 +274,7 @@ class Balancer:
     """
 
     def __init__(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int = 1,
-                 queue_policy: str = "fifo", queue_aging: float = 4.0):
+                 queue_policy: str = "fifo", queue_aging: float = 4.0, queue_reserve: int = 0):
         self.loop = asyncio.get_running_loop()
         self.backends: list[Backend] = []
         self.groups: list[Group] = []
@@ -262,7 +282,7 @@ class Balancer:
         self.queue_size = queue_size
         self.retry_after = retry_after
         self.on_change = None  # called with (backend) when health or drain state changes
-        self.update(specs, cap, queue_size, connect_timeout, retry_after, queue_policy, queue_aging)
+        self.update(specs, cap, queue_size, connect_timeout, retry_after, queue_policy, queue_aging, queue_reserve)
 
     # -- routing (the pools do it; these serve the single-pool case and the totals) --
 
@@ -360,7 +380,7 @@ class Balancer:
     # -- reload --
 
     def update(self, specs, cap: int, queue_size: int, connect_timeout: float, retry_after: int,
-               queue_policy: str = "fifo", queue_aging: float = 4.0) -> list[Backend]:
+               queue_policy: str = "fifo", queue_aging: float = 4.0, queue_reserve: int = 0) -> list[Backend]:
         """Apply a (re)loaded backend list and settings; in-flight requests keep their backend.
 
         `specs` are BackendSpecs (or bare URLs). A pool whose models are unchanged stays the same object, its
@@ -389,6 +409,7 @@ class Balancer:
                 new_groups[spec.models] = group
             group.kind, group.queue_size, group.retry_after, group.shared = spec.kind, queue_size, retry_after, shared
             group.by_cost, group.aging = queue_policy == "cost", queue_aging
+            group.reserve = queue_reserve if group.by_cost else 0
             if spec.max_model_len is not None:
                 group.max_model_len = spec.max_model_len
             group.backends.append(b)

@@ -232,6 +232,7 @@ SCHEMA: dict[str, Any] = {
     "queue_size": (1000, _int(0, 100_000)),
     "queue_policy": ("cost", _choice("cost", "fifo")),
     "queue_aging": (4.0, _aging),
+    "queue_reserve": (0, _int(0, 100_000)),
     "request_timeout": (300.0, _seconds()),
     "connect_timeout": (3.0, _seconds()),
     "max_body_bytes": (64 * 1024 * 1024, _int(1024)),
@@ -321,6 +322,7 @@ class Config:
     queue_size: int = 1000
     queue_policy: str = "cost"
     queue_aging: float = 4.0
+    queue_reserve: int = 0  # with queue_policy cost: the last free slots of a pool kept for cheap requests
     request_timeout: float = 300.0
     connect_timeout: float = 3.0
     max_body_bytes: int = 64 * 1024 * 1024
@@ -425,6 +427,9 @@ def build(data: Any, source: str | None = None) -> Config:
     if tls["listen"] and parse_listen("tls.listen", tls["listen"])[1] == parse_listen("listen", v["listen"])[1]:
         raise ConfigError("tls.listen", f"{tls['listen']} has the port of listen ({v['listen']}); give TLS a port "
                                         "of its own, e.g. 8443")
+    if v["queue_reserve"] and v["queue_policy"] != "cost":
+        raise ConfigError("queue_reserve", "needs queue_policy: cost (a reserved slot goes to a request by its "
+                                           "expected cost, which only the cost order estimates); set it to 0")
     mineru = v["mineru"]
     backends = v["backends"]
     if isinstance(backends[0], str):  # the plain form: every backend serves every model
@@ -446,6 +451,7 @@ def build(data: Any, source: str | None = None) -> Config:
         listen=v["listen"], backends=tuple(spec.url for spec in specs), models=models, specs=specs,
         max_model_len=v["max_model_len"], backend_concurrency=v["backend_concurrency"],
         queue_size=v["queue_size"], queue_policy=v["queue_policy"], queue_aging=v["queue_aging"],
+        queue_reserve=v["queue_reserve"],
         request_timeout=v["request_timeout"],
         connect_timeout=v["connect_timeout"], max_body_bytes=v["max_body_bytes"], body_budget=v["body_budget"],
         idle_timeout=v["idle_timeout"], write_timeout=v["write_timeout"],

@@ -8,7 +8,16 @@ Two orders (`queue_policy`):
         slot later than `queue_aging` times its place in line would have had it under FIFO, counted in slots handed
         out. On arrival a request behind N others may be overtaken by at most floor((aging - 1) * (N + 1)) later
         arrivals (its `slack`); a request whose slack is spent is overtaken by no one, and nothing behind it goes
-        first. Equal costs keep arrival order: with one kind of request it is FIFO.
+        first. Equal costs keep arrival order: with one kind of request it is FIFO. Costs are compared in powers of
+        two (`order_cost`): estimates are rough, and the speed they are made with moves with every answer, so two
+        requests alike would otherwise overtake each other by noise; within a factor of two arrival order decides.
+
+With `cost`, `queue_reserve` keeps the last N free slots of a pool for cheap requests (expected to cost at most
+`CHEAP_S` on a card, the cheapest cost class): a dearer request takes a slot only while more than N are free. A
+cheap request then seldom waits for the next slot to free, as it would with every slot taken; the price is that
+a reserved slot may stand empty while dear requests wait (the cards do less work). A reserved slot handed to a
+cheap request overtakes the waiters ahead as any other, and the reserve holds back no request whose slack is spent:
+the aging bound holds over every slot, so a flood of cheap requests cannot starve a dear one.
 
 The decision is `pick`, a pure function of the waiters in arrival order (tests/proxy/test_queueing.py). It runs
 only while requests wait: a request that finds a slot free never reaches this module, nor does its cost get
@@ -29,6 +38,8 @@ COST_CLASSES = ((1.0, "0-1s"), (10.0, "1-10s"), (60.0, "10-60s"), (math.inf, "60
 IMAGE_TOKENS = 1024  # prompt tokens an image is taken to cost before the answers tell (vision models: 64-2,560)
 BYTES_PER_TOKEN = 4  # a prompt's text, roughly, in any language the tokenizers here see
 LEARNING_RATE = 0.1  # weight of each answer in the moving averages of `Speed`
+CHEAP_S = COST_CLASSES[0][0]  # a request whose order_cost is at most this (an estimate up to 1.41 s) may take a
+#                               reserved slot (queue_reserve)
 
 
 class Waiter:
@@ -43,6 +54,13 @@ class Waiter:
         self.estimate = estimate
 
 
+def order_cost(seconds: float) -> float:
+    """The cost the order compares: the estimate in seconds rounded to a power of two (0 and less kept)."""
+    if seconds <= 0:
+        return seconds
+    return 2.0 ** round(math.log2(seconds))
+
+
 def slack(aging: float, ahead: int) -> float:
     """How many later arrivals may go ahead of a request that found `ahead` others waiting."""
     if math.isinf(aging):
@@ -50,20 +68,27 @@ def slack(aging: float, ahead: int) -> float:
     return math.floor((aging - 1.0) * (ahead + 1))
 
 
-def pick(waiters) -> int:
+def pick(waiters, free: float = math.inf, reserve: int = 0, cheap: float = CHEAP_S) -> int:
     """The index (in arrival order) of the waiter to hand the next slot: the cheapest, the first of equal costs,
-    but none behind a waiter whose slack is spent."""
+    but none behind a waiter whose slack is spent.
+
+    `free`: the pool's free slots, the one on offer included. When `free` <= `reserve` the slot is a reserved one
+    (queue_reserve): it goes to that waiter if it costs at most `cheap` or a waiter in reach has spent its slack
+    (it is due: the reserve does not hold it back); else to none (-1), and the slot stays free."""
     first = waiters[0]
-    best, best_cost = 0, first.cost
     if first.slack <= 0:
         return 0
+    best, best_cost, due = 0, first.cost, False
     for i in range(1, len(waiters)):
         w = waiters[i]
         if w.cost < best_cost:
             best, best_cost = i, w.cost
         if w.slack <= 0:
+            due = True
             break
-    return best
+    if free > reserve or best_cost <= cheap or due:
+        return best
+    return -1
 
 
 def overtake(waiters, chosen: int):

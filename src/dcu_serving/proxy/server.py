@@ -66,7 +66,7 @@ class Proxy:
             except OSError as e:
                 raise ConfigError("results_log", f"cannot open {s.results_log}: {e.strerror}") from e
         self.balancer = Balancer(s.specs, s.backend_concurrency, s.queue_size, s.connect_timeout,
-                                 s.retry_after, s.queue_policy, s.queue_aging)
+                                 s.retry_after, s.queue_policy, s.queue_aging, s.queue_reserve)
         self.relay = Relay(s, self.balancer, self.metrics, results, self.loop)
         self.mineru = MinerU(self, self.loop)
         await self.balancer.check_all(s.health_path, s.health_timeout)
@@ -139,7 +139,8 @@ class Proxy:
         self.settings = new
         self._callers, self._unproven = {}, {}
         added = self.balancer.update(new.specs, new.backend_concurrency, new.queue_size,
-                                     new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging)
+                                     new.connect_timeout, new.retry_after, new.queue_policy, new.queue_aging,
+                                     new.queue_reserve)
         relay.configure(new)  # routing follows the balancer's new pools
         self.mineru.configure(new)
         for b in added:
