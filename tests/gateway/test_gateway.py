@@ -185,13 +185,15 @@ def two_hosts(tmp_path, start_sim, start_proxy):
 
 
 def plain_gateway(tmp_path, port: int, hosts: list[dict], env: dict | None = None,
-                  settings: dict | None = None) -> Gateway:
-    """LiteLLM (not started, no strace) in front of `hosts` ({name, url, models}), with billing's and probe's keys."""
+                  settings: dict | None = None, callers: list[dict] | None = None) -> Gateway:
+    """LiteLLM (not started, no strace) in front of `hosts` ({name, url, models}), with billing's and probe's keys
+    (and `callers`' entries, each {alias, ...limits} with its key from KEYS)."""
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(gateway_config(hosts, settings)))
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"callers": [
         {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()},
-        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True}]}))
+        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True},
+        *({**c, "sha256": hashlib.sha256(KEYS[c["alias"]].encode()).hexdigest()} for c in callers or [])]}))
     return Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
                     "--num_workers", "1"], port, log=tmp_path / "gateway.log",
                    env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
@@ -384,7 +386,8 @@ def mineru_fleet(tmp_path, start_sim, start_proxy):
     host = {"name": "host1", "url": f"https://127.0.0.1:{tls_port}", "models": [SERVED_MODEL],
             "mineru": {"max_upload_mb": LIMIT_MB, "timeout": 60}}
     gateway = plain_gateway(tmp_path, port, [host], settings={
-        "mineru": True, "public_url": f"http://127.0.0.1:{port}", "hosts_ca": str(lab.path)})
+        "mineru": True, "public_url": f"http://127.0.0.1:{port}", "hosts_ca": str(lab.path)},
+        callers=[{"alias": "batch", "rpm": BATCH_RPM}, {"alias": "solo", "concurrent": 1}])
     try:
         gateway.start()
         yield gateway, proxy, stub
@@ -527,3 +530,25 @@ def test_a_host_the_gateway_cannot_verify_gets_no_document(tmp_path, start_sim, 
     finally:
         gateway.stop()
         stub.stop()
+
+
+def test_a_callers_limits_hold_for_minerus_api_too(mineru_fleet):
+    """custom_auth's limits (LiteLLM's limiter, a pre-call hook that pass-throughs run): past its rpm a caller gets
+    429 and the host nothing; a caller allowed one request in flight gets its slot back after each parse."""
+    from proxy.test_mineru import DOCUMENT
+
+    gateway, proxy, stub = mineru_fleet
+    stub.hold.clear()  # solo's first parse stays at MinerU: a second one while it is there is refused
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(mineru_post, gateway, "/file_parse", KEYS["solo"], DOCUMENT)
+        wait_until(lambda: stub.active == 1, 30, interval=0.05, what="solo's first parse at MinerU")
+        second = mineru_post(gateway, "/file_parse", KEYS["solo"], DOCUMENT)
+        stub.hold.set()
+        assert (first.result().status_code, second.status_code) == (200, 429), second.text
+    assert [mineru_post(gateway, "/file_parse", KEYS["solo"], DOCUMENT).status_code for _ in range(2)] == [200] * 2
+    statuses = [mineru_post(gateway, "/file_parse", KEYS["batch"], DOCUMENT).status_code for _ in range(BATCH_RPM + 1)]
+    assert statuses == [200] * BATCH_RPM + [429], statuses
+    assert mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT).status_code == 200  # others go on
+    records = proxy.results(3 + BATCH_RPM + 1)
+    assert [r["caller"] for r in records] == ["solo"] * 3 + ["batch"] * BATCH_RPM + ["billing"]
+    assert len(stub.received) == 3 + BATCH_RPM + 1
