@@ -20,9 +20,19 @@ picks a host. Choices, each for a reason:
 - the hosts' dcu-proxy over TLS where they serve it (dcu_proxy_tls), verified with their CA (`hosts_ca`, a file on
   the gateway), never unverified;
 - no message logging, no spend logs, no database; LiteLLM's cost map is read from its own package
-  (LITELLM_LOCAL_MODEL_COST_MAP, set by the role), and tests/gateway proves it connects nowhere else.
+  (LITELLM_LOCAL_MODEL_COST_MAP, set by the role), and tests/gateway proves it connects nowhere else;
+- MinerU's API (settings `mineru`, off unless the inventory turns it on): one LiteLLM pass-through per host whose
+  dcu-proxy is MinerU's entrance, at /mineru/<host>/ (its file_parse, tasks, health). One path per host, not one
+  path for all: a pass-through has one target and no routing, and a task lives on the host that took it (its
+  upload and results in that host's MinerU), so its status and result must be read where it was submitted - the
+  caller picks the host and keeps it for the task. Each call carries the caller's key (auth.py: its limits, and
+  X-Caller), the gateway's secret to the host, the hosts' CA (LiteLLM's ssl_verify covers pass-throughs too), and
+  X-MinerU-Entrance, the path callers reach it by, which dcu-proxy puts in a task's status_url and result_url.
+  The host's upload limit (its dcu_mineru_max_upload_mb) is checked at the gateway before anything is sent
+  (MINERU_UPLOADS_ENV, read by auth.py).
 """
 
+import json
 import re
 
 CALLER_AUTH = "dcu_serving.gateway.auth.user_api_key_auth"
@@ -33,6 +43,15 @@ PROXY_SECRET_ENV = "DCU_GATEWAY_PROXY_SECRET"
 CALLER_HOOK = "dcu_serving.gateway.hooks.caller_header"
 DEFAULTS = {"request_timeout": 900, "retries": 1, "allowed_fails": 3, "cooldown": 30}
 URL = re.compile(r"^https?://[^/\s]+$")
+# MinerU's API at the gateway (docs/fleet.md, "Document parsing"): /mineru/<host>/ for each host that serves it.
+MINERU_PREFIX = "/mineru"
+# {gateway path: the host's upload limit in bytes}, JSON, in LiteLLM's environment (the config's environment_variables)
+MINERU_UPLOADS_ENV = "DCU_GATEWAY_MINERU_UPLOADS"
+# What a host's dcu-proxy puts in the task URLs it answers with, instead of its own address (dcu_serving.proxy.mineru).
+MINERU_ENTRANCE_HEADER = "X-MinerU-Entrance"
+# Seconds the gateway waits for a parse beyond the host's own deadline, so the caller gets the host's 504, not a cut.
+MINERU_TIMEOUT_MARGIN = 30
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # LiteLLM's mode for a model of each kind (dcu_vllm_model_kinds): its health check asks a deployment in that API - a
 # chat probe to a speech model gets dcu-proxy's 400 and counts it unhealthy. Chat and vision: LiteLLM's default.
 MODES = {"embedding": "embedding", "rerank": "rerank", "transcription": "audio_transcription",
@@ -79,6 +98,47 @@ def deployments(hosts):
     return out
 
 
+def mineru_endpoints(hosts, public_url, request_timeout):
+    """LiteLLM pass-through endpoints for MinerU's API on each host whose dcu-proxy is its entrance (a host entry's
+    `mineru`: {max_upload_mb, timeout}, dcu_mineru's export dcu_mineru_proxy_entrance), and the upload limits by
+    path."""
+    endpoints, uploads = [], {}
+    if not public_url or not URL.match(str(public_url).rstrip("/")):
+        raise FleetError(f"dcu_gateway_mineru: the gateway's public URL {public_url!r} is not a base URL like "
+                         "https://10.0.0.5:4000 (dcu_gateway_public_url); task URLs point there")
+    public_url = str(public_url).rstrip("/")
+    for i, host in enumerate(hosts or []):
+        mineru = host.get("mineru") or {}
+        if not mineru:
+            continue
+        name = str(host["name"])
+        if not HOST_NAME.match(name):
+            raise FleetError(f"dcu_gateway_hosts[{i}].name: {name!r} cannot be a path of the gateway (/mineru/<host>)")
+        limit = mineru.get("max_upload_mb")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise FleetError(f"dcu_gateway_hosts[{i}].mineru.max_upload_mb: {limit!r}; the host's "
+                             "dcu_mineru_max_upload_mb, a whole number >= 1")
+        timeout = mineru.get("timeout")
+        path = f"{MINERU_PREFIX}/{name}"
+        endpoints.append({
+            "path": path,
+            "target": str(host["url"]).rstrip("/") + MINERU_PREFIX,
+            "include_subpath": True,
+            "auth": True,  # the caller's key, by custom_auth (auth.py), with its limits
+            "methods": ["GET", "POST"],
+            "headers": {"Authorization": "Bearer os.environ/" + PROXY_SECRET_ENV,
+                        MINERU_ENTRANCE_HEADER: public_url + path},
+            "timeout": (timeout if isinstance(timeout, int) and timeout > 0 else request_timeout)
+            + MINERU_TIMEOUT_MARGIN,
+        })
+        uploads[path] = limit << 20
+    if not endpoints:
+        raise FleetError("dcu_gateway_mineru is true, but no serving host has MinerU's API through its dcu-proxy: "
+                         "set dcu_mineru_entrance: proxy on the hosts that run MinerU (dcu_mineru_vlm_model), or "
+                         "dcu_gateway_mineru: false")
+    return endpoints, uploads
+
+
 def gateway_config(hosts, settings=None):
     s = dict(DEFAULTS)
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
@@ -88,10 +148,13 @@ def gateway_config(hosts, settings=None):
     retries = s["retries"]
     model_list = deployments(hosts)
     over_tls = sorted({h["name"] for h in hosts if str(h["url"]).startswith("https://")})
+    mineru, uploads = ([], {})
+    if s.get("mineru"):
+        mineru, uploads = mineru_endpoints(hosts, s.get("public_url"), s["request_timeout"])
     if over_tls and not s.get("hosts_ca"):
         raise FleetError(f"the serving hosts {', '.join(over_tls)} answer over TLS, but the gateway has no CA to "
                          "verify them with: give hosts_ca (dcu_gateway's file of the hosts' dcu_proxy_public_ca)")
-    return {
+    config = {
         "model_list": model_list,
         "router_settings": {
             "routing_strategy": "least-busy",
@@ -132,3 +195,7 @@ def gateway_config(hosts, settings=None):
             "background_health_checks": False,
         },
     }
+    if mineru:
+        config["general_settings"]["pass_through_endpoints"] = mineru
+        config["environment_variables"] = {MINERU_UPLOADS_ENV: json.dumps(uploads, sort_keys=True)}
+    return config

@@ -122,7 +122,9 @@ def prometheus_expected_cards(hosts, hostvars):
 def gateway_hosts(hosts, hostvars):
     """The serving hosts as the gateway reaches them, [{name, url, models, kinds}]: each host's dcu-proxy at its
     exported public URL (dcu_proxy_public_url), or at its dcu_gateway_address host variable with the proxy's port,
-    serving the models its dcu_vllm exports (dcu_vllm_models) of the kinds it exports (dcu_vllm_model_kinds)."""
+    serving the models its dcu_vllm exports (dcu_vllm_models) of the kinds it exports (dcu_vllm_model_kinds), and
+    `mineru` ({max_upload_mb, timeout}) where its dcu-proxy is MinerU's entrance (dcu_mineru's export
+    dcu_mineru_proxy_entrance, read on hosts that run MinerU)."""
     out = []
     for host in hosts or []:
         url = _exported(hostvars, host, "dcu_proxy_public_url", "dcu_proxy", "exports")
@@ -134,9 +136,14 @@ def gateway_hosts(hosts, hostvars):
                 "dcu-proxy of {} listens on loopback only ({}): the gateway cannot reach it; set dcu_proxy_listen to "
                 "an address the gateway reaches (e.g. 0.0.0.0:8000), or dcu_gateway_address in its host vars".format(
                     host, url))
-        out.append({"name": host, "url": url,
-                    "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports")),
-                    "kinds": dict(_exported(hostvars, host, "dcu_vllm_model_kinds", "dcu_vllm", "exports"))})
+        entry = {"name": host, "url": url,
+                 "models": list(_exported(hostvars, host, "dcu_vllm_models", "dcu_vllm", "exports")),
+                 "kinds": dict(_exported(hostvars, host, "dcu_vllm_model_kinds", "dcu_vllm", "exports"))}
+        # MinerU's API at the host's entrance (dcu_mineru's export, on hosts that run it: dcu_mineru_vlm_model)
+        entrance = hostvars[host].get("dcu_mineru_proxy_entrance") or {}
+        if entrance:
+            entry["mineru"] = {"max_upload_mb": entrance.get("max_upload_mb"), "timeout": entrance.get("timeout")}
+        out.append(entry)
     return out
 
 

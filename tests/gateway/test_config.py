@@ -86,3 +86,38 @@ def test_the_role_installs_exactly_the_pinned_requirements():
     pinned = (REPO / "requirements/gateway.txt").read_text()
     assert (REPO / "roles/dcu_gateway/files/requirements.txt").read_text() == pinned
     assert "litellm==1.106.12" in pinned and pinned.count("--hash=sha256:") > 117
+
+
+MINERU_HOSTS = [dict(HOSTS[0], url="https://10.0.0.11:8443", mineru={"max_upload_mb": 50, "timeout": 1800}),
+                dict(HOSTS[1], url="https://10.0.0.12:8443")]
+GATEWAY = {"hosts_ca": "/etc/dcu-gateway/hosts-ca.pem", "public_url": "https://10.0.0.5:4000/"}
+
+
+def test_minerus_api_is_off_unless_the_inventory_turns_it_on():
+    config = gateway_config(MINERU_HOSTS, GATEWAY)
+    assert "pass_through_endpoints" not in config["general_settings"] and "environment_variables" not in config
+
+
+def test_minerus_api_is_a_pass_through_per_host_that_serves_it_with_the_callers_key_and_the_gateways_secret():
+    config = gateway_config(MINERU_HOSTS, dict(GATEWAY, mineru=True))
+    (endpoint,) = config["general_settings"]["pass_through_endpoints"]  # dcu-b's MinerU is on its own port only
+    assert endpoint == {
+        "path": "/mineru/dcu-a", "target": "https://10.0.0.11:8443/mineru", "include_subpath": True, "auth": True,
+        "methods": ["GET", "POST"], "timeout": 1830,  # the host's deadline and a margin: the caller gets its 504
+        "headers": {"Authorization": "Bearer os.environ/DCU_GATEWAY_PROXY_SECRET",  # never the secret in the file
+                    "X-MinerU-Entrance": "https://10.0.0.5:4000/mineru/dcu-a"}}
+    assert config["environment_variables"] == {"DCU_GATEWAY_MINERU_UPLOADS": '{"/mineru/dcu-a": 52428800}'}
+    assert config["litellm_settings"]["ssl_verify"] == "/etc/dcu-gateway/hosts-ca.pem"  # pass-throughs use it too
+
+
+@pytest.mark.parametrize(("hosts", "settings", "message"), [
+    (HOSTS, dict(GATEWAY, mineru=True), "no serving host has MinerU's API through its dcu-proxy"),
+    (MINERU_HOSTS, dict(GATEWAY, mineru=True, public_url="gateway:4000"), "dcu_gateway_public_url"),
+    ([dict(MINERU_HOSTS[0], mineru={"max_upload_mb": 0})], dict(GATEWAY, mineru=True),
+     "dcu_gateway_hosts[0].mineru.max_upload_mb"),
+    ([dict(MINERU_HOSTS[0], name="a b")], dict(GATEWAY, mineru=True), "cannot be a path of the gateway"),
+])
+def test_minerus_mistakes_name_the_variable(hosts, settings, message):
+    with pytest.raises(AnsibleFilterError) as err:
+        gateway_config(hosts, settings)
+    assert message in str(err.value)

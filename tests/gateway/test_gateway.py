@@ -25,6 +25,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests
 import yaml
 
 from dcu_serving.gateway.config import gateway_config
@@ -183,13 +184,16 @@ def two_hosts(tmp_path, start_sim, start_proxy):
         gateway.stop()
 
 
-def plain_gateway(tmp_path, port: int, hosts: list[dict], env: dict | None = None) -> Gateway:
-    """LiteLLM (not started, no strace) in front of `hosts` ({name, url, models}), with billing's and probe's keys."""
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(gateway_config(hosts)))
+def plain_gateway(tmp_path, port: int, hosts: list[dict], env: dict | None = None,
+                  settings: dict | None = None, callers: list[dict] | None = None) -> Gateway:
+    """LiteLLM (not started, no strace) in front of `hosts` ({name, url, models}), with billing's and probe's keys
+    (and `callers`' entries, each {alias, ...limits} with its key from KEYS)."""
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(gateway_config(hosts, settings)))
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"callers": [
         {"alias": "billing", "sha256": hashlib.sha256(KEYS["billing"].encode()).hexdigest()},
-        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True}]}))
+        {"alias": "probe", "sha256": hashlib.sha256(KEYS["probe"].encode()).hexdigest(), "probe": True},
+        *({**c, "sha256": hashlib.sha256(KEYS[c["alias"]].encode()).hexdigest()} for c in callers or [])]}))
     return Gateway([LITELLM, "--config", str(tmp_path / "gateway.yaml"), "--host", "127.0.0.1", "--port", str(port),
                     "--num_workers", "1"], port, log=tmp_path / "gateway.log",
                    env={"LITELLM_MASTER_KEY": "sk-master-test-0123456789", "DCU_GATEWAY_KEYS": str(keys),
@@ -354,3 +358,197 @@ def test_a_caller_synthesises_and_transcribes_speech_through_the_gateway(speech_
         health = json.loads(answer.read())
         assert health["healthy_count"] == 1, health
 
+
+
+# --- MinerU's API through the gateway ----------------------------------------------------------------------------
+
+LIMIT_MB = 1  # the host's dcu_mineru_max_upload_mb
+
+
+@pytest.fixture
+def mineru_fleet(tmp_path, start_sim, start_proxy):
+    """LiteLLM with MinerU's pass-through (gateway_config's `mineru`) in front of one host whose dcu-proxy serves
+    MinerU (an aiohttp stub of its API, tests/proxy/test_mineru.py) at its entrance, over TLS verified with the
+    hosts' CA, as a fleet runs it (dcu_proxy_tls)."""
+    if not Path(LITELLM).exists():
+        pytest.fail(f"{LITELLM} is missing: build the gateway's venv with `make gateway`")
+    from proxy.test_mineru import StubMinerU
+    from proxy.test_tls import LabCA
+
+    lab = LabCA(tmp_path)
+    cert, key = lab.issue(2)
+    stub = StubMinerU()
+    port, tls_port = free_port(), free_port()
+    proxy = start_proxy([start_sim(*FAST_SIM).url], healthy=1,
+                        mineru={"url": stub.url, "max_upload_mb": LIMIT_MB, "concurrency": 2, "timeout": 60},
+                        tls={"listen": f"127.0.0.1:{tls_port}", "cert": str(cert), "key": str(key)},
+                        gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET})
+    host = {"name": "host1", "url": f"https://127.0.0.1:{tls_port}", "models": [SERVED_MODEL],
+            "mineru": {"max_upload_mb": LIMIT_MB, "timeout": 60}}
+    gateway = plain_gateway(tmp_path, port, [host], settings={
+        "mineru": True, "public_url": f"http://127.0.0.1:{port}", "hosts_ca": str(lab.path)},
+        callers=[{"alias": "batch", "rpm": BATCH_RPM}, {"alias": "solo", "concurrent": 1}])
+    try:
+        gateway.start()
+        yield gateway, proxy, stub
+    finally:
+        gateway.stop()
+        stub.hold.set()
+        stub.stop()
+
+
+def mineru_post(gateway, path: str, key: str | None, document: bytes, headers: dict | None = None,
+                **form) -> requests.Response:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(f"{gateway.url}/mineru/host1{path}", headers={**auth, **(headers or {})}, timeout=60,
+                         files=[("files", ("invoice.pdf", document, "application/pdf"))],
+                         data={"backend": "vlm-http-client", "return_md": "true", **form})
+
+
+def mineru_get(url: str, key: str, **kwargs) -> requests.Response:
+    return requests.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=60, **kwargs)
+
+
+def test_a_caller_parses_a_document_through_the_gateway_under_its_alias(mineru_fleet):
+    from proxy.test_mineru import DOCUMENT, MARKDOWN
+
+    gateway, proxy, stub = mineru_fleet
+    # A caller who names itself, directly or by LiteLLM's x-pass- forwarding, is still named by its key.
+    r = mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT,
+                    headers={"X-Caller": "mallory", "x-pass-x-caller": "mallory", "x-pass-x-mineru-entrance": "x"})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"]["doc"]["md_content"] == MARKDOWN
+    (seen,) = stub.received
+    assert seen["files"] == DOCUMENT  # the whole upload, unchanged, re-encoded by LiteLLM
+    assert seen["headers"].getall("X-Caller") == ["billing"]
+    # The gateway's secret stops at dcu-proxy; the caller's key stops at the gateway.
+    sent = "\n".join(f"{k}: {v}" for k, v in seen["headers"].items())
+    assert PROXY_SECRET not in sent and KEYS["billing"] not in sent and "authorization" not in sent.lower()
+    (line,) = proxy.results(1)
+    assert (line["api"], line["status"], line["caller"]) == ("parse", 200, "billing")
+
+    # A zip result comes back whole, its task's URLs at the gateway's path to this host.
+    r = mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT, response_format_zip="true")
+    assert r.status_code == 200 and r.content == stub.zip
+    task_id = r.headers["X-MinerU-Task-Id"]
+    assert r.headers["X-MinerU-Task-Result-Url"] == f"{gateway.url}/mineru/host1/tasks/{task_id}/result"
+
+    # A wrong key, or none: 401 from the gateway, nothing reaches the host.
+    for key in ("sk-nobody", None):
+        r = mineru_post(gateway, "/file_parse", key, DOCUMENT)
+        assert r.status_code == 401, r.text
+    assert len(stub.received) == 2 and len(proxy.results()) == 2
+
+    # Over the host's limit: the gateway's 413 names it, and nothing reaches the host - declared or chunked.
+    big = b"%PDF-1.4 " + b"x" * ((LIMIT_MB << 20) + 1)
+    r = mineru_post(gateway, "/file_parse", KEYS["billing"], big)
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]["message"]
+    assert f"limit of {LIMIT_MB} MiB" in message and "dcu_mineru_max_upload_mb" in message, message
+    assert "Nothing was sent to the host" in message  # the gateway's refusal, not the host's (which says the same)
+    boundary = "b0undary"
+
+    def chunked():  # no Content-Length: the gateway counts the parts it read
+        yield (f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.pdf"\r\n'
+               f"Content-Type: application/pdf\r\n\r\n").encode()
+        for start in range(0, len(big), 256 << 10):
+            yield big[start:start + (256 << 10)]
+        yield f"\r\n--{boundary}--\r\n".encode()
+    r = requests.post(f"{gateway.url}/mineru/host1/file_parse", data=chunked(), timeout=60,
+                      headers={"Authorization": f"Bearer {KEYS['billing']}",
+                               "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert r.status_code == 413 and "Nothing was sent to the host" in r.text, r.text
+    # The host's results log is written by a thread: one more parse, then every line is there - none for the 413s.
+    assert mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT).status_code == 200
+    assert [(rec["status"], rec["caller"]) for rec in proxy.results(3)] == [(200, "billing")] * 3
+    assert len(stub.received) == 3
+
+    # MinerU's health through the gateway, to any caller.
+    health = mineru_get(f"{gateway.url}/mineru/host1/health", KEYS["billing"])
+    assert health.status_code == 200 and health.json()["status"] == "healthy"
+
+
+def test_a_task_submitted_through_the_gateway_is_read_back_through_it(mineru_fleet):
+    from proxy.test_mineru import DOCUMENT, MARKDOWN
+
+    gateway, proxy, stub = mineru_fleet
+    stub.hold.clear()  # the task stays processing until released
+    r = mineru_post(gateway, "/tasks", KEYS["billing"], DOCUMENT)
+    assert r.status_code == 202, r.text
+    task = r.json()
+    at = f"{gateway.url}/mineru/host1/tasks/{task['task_id']}"
+    assert (task["status_url"], task["result_url"]) == (at, at + "/result")  # the gateway's, not the host's
+    assert stub.received[0]["headers"]["X-Caller"] == "billing"
+
+    not_ready = mineru_get(task["result_url"], KEYS["billing"])
+    assert not_ready.status_code == 202 and not_ready.json()["status"] in ("pending", "processing")
+    # Another caller's key reaches the gateway, not this task (dcu-proxy knows its submitter by X-Caller).
+    assert mineru_get(task["status_url"], KEYS["probe"]).status_code == 404
+    stub.hold.set()
+    wait_until(lambda: mineru_get(task["status_url"], KEYS["billing"]).json()["status"] == "completed", 30,
+               interval=0.1, what="the task completed, as read through the gateway")
+    result = mineru_get(task["result_url"], KEYS["billing"])
+    assert result.status_code == 200, result.text
+    assert result.json()["results"]["invoice"]["md_content"] == MARKDOWN
+
+    # A task whose result is a zip: passed on as it comes, whole.
+    r = mineru_post(gateway, "/tasks", KEYS["billing"], DOCUMENT, response_format_zip="true")
+    assert r.status_code == 202, r.text
+    url = r.json()["result_url"]
+    wait_until(lambda: mineru_get(url, KEYS["billing"]).status_code == 200, 30, interval=0.1,
+               what="the zip task's result, through the gateway")
+    with mineru_get(url, KEYS["billing"], stream=True) as zipped:
+        assert zipped.headers["Content-Type"] == "application/zip"
+        assert b"".join(zipped.iter_content(64 << 10)) == stub.zip
+    records = [(rec["api"], rec["caller"]) for rec in proxy.results() if rec["api"] != "parse_status"]
+    assert set(records) == {("parse_task", "billing"), ("parse_result", "billing")}, records
+
+
+def test_a_host_the_gateway_cannot_verify_gets_no_document(tmp_path, start_sim, start_proxy):
+    """The hosts' CA (ssl_verify) holds for the pass-through too: a host presenting a certificate of another CA is
+    not sent the upload."""
+    from proxy.test_mineru import DOCUMENT, StubMinerU
+    from proxy.test_tls import LabCA
+
+    (tmp_path / "other").mkdir()
+    lab, other = LabCA(tmp_path), LabCA(tmp_path / "other")
+    cert, key = other.issue(2)
+    stub = StubMinerU()
+    port, tls_port = free_port(), free_port()
+    start_proxy([start_sim(*FAST_SIM).url], healthy=1, mineru={"url": stub.url},
+                tls={"listen": f"127.0.0.1:{tls_port}", "cert": str(cert), "key": str(key)},
+                gateway={"url": f"http://127.0.0.1:{port}", "allow": ["127.0.0.1"], "secret": PROXY_SECRET})
+    gateway = plain_gateway(tmp_path, port, [{"name": "host1", "url": f"https://127.0.0.1:{tls_port}",
+                                              "models": [SERVED_MODEL], "mineru": {"max_upload_mb": 10}}],
+                            settings={"mineru": True, "public_url": f"http://127.0.0.1:{port}",
+                                      "hosts_ca": str(lab.path)})
+    try:
+        gateway.start()
+        r = mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT)
+        assert r.status_code >= 500 and "certificate verify failed" in r.text.lower(), r.text
+        assert stub.received == []
+    finally:
+        gateway.stop()
+        stub.stop()
+
+
+def test_a_callers_limits_hold_for_minerus_api_too(mineru_fleet):
+    """custom_auth's limits (LiteLLM's limiter, a pre-call hook that pass-throughs run): past its rpm a caller gets
+    429 and the host nothing; a caller allowed one request in flight gets its slot back after each parse."""
+    from proxy.test_mineru import DOCUMENT
+
+    gateway, proxy, stub = mineru_fleet
+    stub.hold.clear()  # solo's first parse stays at MinerU: a second one while it is there is refused
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(mineru_post, gateway, "/file_parse", KEYS["solo"], DOCUMENT)
+        wait_until(lambda: stub.active == 1, 30, interval=0.05, what="solo's first parse at MinerU")
+        second = mineru_post(gateway, "/file_parse", KEYS["solo"], DOCUMENT)
+        stub.hold.set()
+        assert (first.result().status_code, second.status_code) == (200, 429), second.text
+    assert [mineru_post(gateway, "/file_parse", KEYS["solo"], DOCUMENT).status_code for _ in range(2)] == [200] * 2
+    statuses = [mineru_post(gateway, "/file_parse", KEYS["batch"], DOCUMENT).status_code for _ in range(BATCH_RPM + 1)]
+    assert statuses == [200] * BATCH_RPM + [429], statuses
+    assert mineru_post(gateway, "/file_parse", KEYS["billing"], DOCUMENT).status_code == 200  # others go on
+    records = proxy.results(3 + BATCH_RPM + 1)
+    assert [r["caller"] for r in records] == ["solo"] * 3 + ["batch"] * BATCH_RPM + ["billing"]
+    assert len(stub.received) == 3 + BATCH_RPM + 1

@@ -91,6 +91,16 @@ def test_the_gateway_reaches_each_proxy_where_it_listens_or_at_its_gateway_addre
     ]
 
 
+def test_a_host_whose_proxy_is_minerus_entrance_says_so_to_the_gateway_with_its_limit():
+    entrance = {"url": "http://127.0.0.1:8010", "max_upload_mb": 50, "concurrency": 2, "queue_size": 16,
+                "timeout": 1800}
+    hostvars = dict(HOSTVARS, **{"node-a": dict(HOSTVARS["node-a"], dcu_mineru_proxy_entrance=entrance),
+                                 "node-b": dict(HOSTVARS["node-b"], dcu_mineru_proxy_entrance={})})  # own port only
+    got = gateway_hosts(["node-a", "node-b"], hostvars)
+    assert got[0]["mineru"] == {"max_upload_mb": 50, "timeout": 1800}
+    assert "mineru" not in got[1]
+
+
 def test_a_proxy_behind_a_gateway_with_tls_is_reached_and_scraped_over_https():
     tls = dict(HOSTVARS["node-b"], dcu_proxy_public_url="https://10.0.0.12:8443", dcu_gateway_address="192.168.7.12")
     hostvars = dict(HOSTVARS, **{"node-b": tls})

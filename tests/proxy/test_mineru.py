@@ -562,3 +562,23 @@ def test_only_the_gateway_may_use_tasks_and_a_caller_reads_only_its_own(start_si
     assert [(line["api"], line["caller"], line["status"]) for line in lines] == [
         ("parse_task", "crm", 202), ("parse_result", "erp", 404), ("parse_result", "crm", 200)]
     assert metric(metrics(proxy), 'dcu_proxy_mineru_rejected_total{reason="not_owner"}') == 2
+
+
+def test_task_urls_name_the_gateways_entrance_only_when_the_gateway_says_so(start_sim, start_proxy, mineru):
+    """X-MinerU-Entrance (the gateway's path to this host) is believed from a call carrying the gateway's secret, and
+    ignored where no gateway is configured: a caller cannot point another's task URLs elsewhere."""
+    sim = start_sim(*FAST)
+    elsewhere = {"X-MinerU-Entrance": "https://evil.example/mineru/x"}
+    alone = start_proxy([sim.url], healthy=1, mineru={"url": mineru.url})
+    task = submit(alone, headers=elsewhere).json()
+    assert task["status_url"] == f"http://127.0.0.1:{alone.port}/mineru/tasks/{task['task_id']}"
+
+    behind = start_proxy([sim.url], healthy=1, mineru={"url": mineru.url},
+                         gateway={"url": "http://gw1.example:4000", "allow": ["127.0.0.0/8"], "secret": SECRET})
+    gateway = {"Authorization": f"Bearer {SECRET}", "X-Caller": "crm",
+               "X-MinerU-Entrance": "https://gw1.example:4000/mineru/host1"}
+    task = submit(behind, headers=gateway).json()
+    at = f"https://gw1.example:4000/mineru/host1/tasks/{task['task_id']}"
+    assert (task["status_url"], task["result_url"]) == (at, at + "/result")
+    status = requests.get(f"{behind.url}/mineru/tasks/{task['task_id']}", headers=gateway, timeout=10).json()
+    assert status["status_url"] == at

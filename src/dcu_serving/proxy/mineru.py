@@ -31,7 +31,9 @@ from X-Orid, `task_id`), a result read one (api `parse_result`), a status poll i
 
 MinerU writes status_url and result_url from the Host it saw (request.url_for: the proxy's connection to it): in its
 JSON answers (the 202, a status, the result's 202 and 409) and in a zip's X-MinerU-Task-*-Url headers they are
-pointed at the entrance, /mineru on the caller's own scheme and Host. A task's result (MinerU's JSON or a zip) is
+pointed at the entrance, /mineru on the caller's own scheme and Host - or, behind a gateway (`gateway.secret`, so the
+header is the gateway's), the X-MinerU-Entrance the gateway sends: where its callers reach this host's MinerU
+(/mineru/<host> on the gateway; dcu_serving.gateway.config). A task's result (MinerU's JSON or a zip) is
 passed on as it comes; the short answers are read whole (at most TASK_ANSWER_BYTES) to be rewritten. A task id is
 MinerU's form (a lowercase UUID4) or a 400 naming it: only /tasks/{id} and /tasks/{id}/result built from a checked
 id reach MinerU, never the caller's path.
@@ -82,6 +84,9 @@ PREFIX = "/mineru"
 PARSE_PATH = PREFIX + "/file_parse"
 HEALTH_PATH = PREFIX + "/health"
 TASKS_PATH = PREFIX + "/tasks"
+# Behind a gateway, where its callers reach this entrance (an absolute URL with a path, no query).
+ENTRANCE_HEADER = "X-MinerU-Entrance"
+ENTRANCE_URL = re.compile(r"https?://[^/\s?#]+(/[^\s?#]*)?")
 MINERU_ERROR_CHARS = 300  # of MinerU's own error message in the results log
 # The reason label of dcu_proxy_mineru_rejected_total, by the status of the answer the proxy made itself.
 REFUSALS = {400: "no_document", 404: "off", 408: "body_timeout", 413: "too_large", 502: "unreachable",
@@ -302,11 +307,12 @@ class MinerU:
         first, for its message in the results log."""
         status = conn.status
         headers = _response_headers(conn.headers, pool, rid)
+        s = self._proxy.settings
         task_id = headers.get("X-MinerU-Task-Id", "")
         if TASK_ID.fullmatch(task_id):  # a zip from /file_parse names its task's URLs in headers: the entrance's
             for header, suffix in (("X-MinerU-Task-Status-Url", ""), ("X-MinerU-Task-Result-Url", "/result")):
                 if header in headers:
-                    headers[header] = f"{_entrance(request)}/tasks/{task_id}{suffix}"
+                    headers[header] = f"{_entrance(request, s)}/tasks/{task_id}{suffix}"
         rec["status"] = status
         if status != 200:
             try:
@@ -314,7 +320,7 @@ class MinerU:
             finally:
                 conn.release()
             rec["error"] = _mineru_error(body)
-            body, _ = _pointed(body, _entrance(request))  # /file_parse's 409 and 503 carry the task's URLs
+            body, _ = _pointed(body, _entrance(request, s))  # /file_parse's 409 and 503 carry the task's URLs
             return web.Response(body=body, status=status, headers=headers)
         response = web.StreamResponse(status=status, headers=headers)
         released = False
@@ -388,7 +394,7 @@ class MinerU:
         if status != 202:
             rec["error"] = _mineru_error(body)
             return web.Response(body=body, status=status, headers=headers)
-        body, task_id = _pointed(body, _entrance(request))
+        body, task_id = _pointed(body, _entrance(request, s))
         rec["task_id"] = task_id
         if task_id is not None and s.gateway_secret:
             self.owners[task_id] = rec["caller"]
@@ -471,7 +477,7 @@ class MinerU:
             rec["error"] = _mineru_error(body)
         if status == 404:  # expired at MinerU (its task retention), or never there
             self.owners.pop(task_id, None)
-        body, _ = _pointed(body, _entrance(request))
+        body, _ = _pointed(body, _entrance(request, s))
         return web.Response(body=body, status=status, headers=headers)
 
     @staticmethod
@@ -560,8 +566,12 @@ class MinerU:
                 "submitting": self.submitting, "task_owners": len(self.owners)}
 
 
-def _entrance(request: web.BaseRequest) -> str:
-    """Where the caller reaches MinerU through the proxy: /mineru on its own scheme and host."""
+def _entrance(request: web.BaseRequest, settings) -> str:
+    """Where the caller reaches MinerU through the proxy: /mineru on its own scheme and host, or behind a gateway
+    the gateway's path to it (X-MinerU-Entrance, believed only with the gateway's secret)."""
+    given = request.headers.get(ENTRANCE_HEADER) if settings.gateway_secret else None
+    if given and ENTRANCE_URL.fullmatch(given):
+        return given.rstrip("/")
     return f"{request.scheme}://{request.host}{PREFIX}"
 
 
