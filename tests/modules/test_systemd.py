@@ -141,6 +141,8 @@ def test_a_units_change_is_told_both_ways_line_by_line():
 def test_a_changed_comment_or_blank_line_is_not_told_as_the_change():
     """The env files' header names the run that wrote them: a rollback's message tells the settings that moved."""
     was = "# written by dcu.serving for vllm@0 (card 0)\nDCU_VLLM_IMAGE_ID=sha256:old\n\nDCU_VLLM_PORT=8001\n"
-    now = "# written by dcu.serving for vllm@0 (card 0), again\n\nDCU_VLLM_IMAGE_ID=sha256:new\n; note\nDCU_VLLM_PORT=8001\n\n"
-    assert changed_lines(now, was) == {"now": ["DCU_VLLM_IMAGE_ID=sha256:new"], "was": ["DCU_VLLM_IMAGE_ID=sha256:old"]}
+    now = ("# written by dcu.serving for vllm@0 (card 0), again\n\nDCU_VLLM_IMAGE_ID=sha256:new\n; note\n"
+           "DCU_VLLM_PORT=8001\n\n")
+    assert changed_lines(now, was) == {"now": ["DCU_VLLM_IMAGE_ID=sha256:new"],
+                                       "was": ["DCU_VLLM_IMAGE_ID=sha256:old"]}
     assert changed_lines("# only a comment\n", "") == {"now": [], "was": []}
