@@ -72,13 +72,19 @@ class StubMinerU:
         self._ready.set()
         self._loop.run_forever()
 
-    async def _parse(self, request: web.Request) -> web.Response:
+    async def _take_upload(self, request: web.Request):
+        """The form and its document (None without one, MinerU's 422), the document recorded as received."""
         form = await request.post()
         upload = form.get("files")
+        if upload is not None:
+            self.received.append({"headers": request.headers.copy(), "files": upload.file.read(),
+                                  "backend": form.get("backend")})
+        return form, upload
+
+    async def _parse(self, request: web.Request) -> web.Response:
+        form, upload = await self._take_upload(request)
         if upload is None:
             return web.json_response({"detail": [{"type": "missing", "loc": ["body", "files"]}]}, status=422)
-        self.received.append({"headers": request.headers.copy(), "files": upload.file.read(),
-                              "backend": form.get("backend")})
         self.active += 1
         try:
             await asyncio.to_thread(self.hold.wait)  # released by the test
@@ -118,12 +124,9 @@ class StubMinerU:
                    other["order"] < task["order"])
 
     async def _submit(self, request: web.Request) -> web.Response:
-        form = await request.post()
-        upload = form.get("files")
+        form, upload = await self._take_upload(request)
         if upload is None:
             return web.json_response({"detail": [{"type": "missing", "loc": ["body", "files"]}]}, status=422)
-        self.received.append({"headers": request.headers.copy(), "files": upload.file.read(),
-                              "backend": form.get("backend")})
         self._submitted += 1
         task = {"task_id": str(uuid.uuid4()), "status": "pending", "backend": form.get("backend"),
                 "file_names": [upload.filename.rsplit(".", 1)[0]], "created_at": "2026-12-05T00:00:00+00:00",
@@ -247,6 +250,18 @@ def test_without_the_entrance_the_paths_say_how_to_turn_it_on(start_sim, start_p
     assert line["api"] == "parse" and line["status"] == 404
 
 
+def chunked_upload(proxy, path: str) -> requests.Response:
+    """A 2 MiB document sent without Content-Length (chunked), orid ORD-CHUNKED."""
+    def chunks():
+        yield b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.pdf\"\r\n\r\n"
+        for _ in range(8):
+            yield b"x" * (256 << 10)
+        yield b"\r\n--b--\r\n"
+
+    return requests.post(proxy.url + path, data=chunks(), timeout=30,
+                         headers={"Content-Type": "multipart/form-data; boundary=b", "X-Orid": "ORD-CHUNKED"})
+
+
 def test_an_upload_over_minerus_limit_is_refused_naming_it(start_sim, start_proxy, mineru):
     sim = start_sim(*FAST)
     proxy = start_proxy([sim.url], healthy=1, mineru={"url": mineru.url, "max_upload_mb": 1})
@@ -256,14 +271,7 @@ def test_an_upload_over_minerus_limit_is_refused_naming_it(start_sim, start_prox
     assert r.status_code == 413, r.text
     assert "dcu_mineru_max_upload_mb" in r.json()["error"]["message"]
 
-    def chunks():  # no Content-Length: counted as it passes, refused once over
-        yield b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.pdf\"\r\n\r\n"
-        for _ in range(8):
-            yield b"x" * (256 << 10)
-        yield b"\r\n--b--\r\n"
-
-    r = requests.post(proxy.url + "/mineru/file_parse", data=chunks(), timeout=30,
-                      headers={"Content-Type": "multipart/form-data; boundary=b", "X-Orid": "ORD-CHUNKED"})
+    r = chunked_upload(proxy, "/mineru/file_parse")  # no Content-Length: counted as it passes, refused once over
     assert r.status_code == 413, r.text
     assert mineru.received == []  # MinerU parsed nothing
     assert parse(proxy).status_code == 200  # a document within the limit passes
@@ -455,14 +463,7 @@ def test_an_oversized_task_is_refused_naming_the_limit(start_sim, start_proxy, m
     assert r.status_code == 413, r.text
     assert "dcu_mineru_max_upload_mb" in r.json()["error"]["message"]
 
-    def chunks():  # no Content-Length: counted as it passes, refused once over
-        yield b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.pdf\"\r\n\r\n"
-        for _ in range(8):
-            yield b"x" * (256 << 10)
-        yield b"\r\n--b--\r\n"
-
-    r = requests.post(proxy.url + "/mineru/tasks", data=chunks(), timeout=30,
-                      headers={"Content-Type": "multipart/form-data; boundary=b", "X-Orid": "ORD-CHUNKED"})
+    r = chunked_upload(proxy, "/mineru/tasks")  # no Content-Length: counted as it passes, refused once over
     assert r.status_code == 413, r.text
     assert mineru.received == [] and mineru.tasks == {}  # nothing queued at MinerU
     assert submit(proxy).status_code == 202  # a document within the limit is accepted

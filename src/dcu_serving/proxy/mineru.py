@@ -244,13 +244,7 @@ class MinerU:
 
     async def _parse(self, request: web.BaseRequest, rec: dict, rid: str, t0: float) -> web.StreamResponse:
         s = self._proxy.settings
-        pool = self.pool
-        if pool is None:
-            raise self._off()
-        limit = s.mineru_max_upload_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            raise _too_large(limit)
+        pool = self._upload_pool(request)
         deadline = t0 + s.mineru_timeout
         busy = ProxyError(503, f"MinerU is busy: {self.slots.active} documents in parse and {len(self.slots.waiting)} "
                                f"waiting (mineru.concurrency {s.mineru_concurrency}, queue_size "
@@ -262,16 +256,7 @@ class MinerU:
                                   f"(mineru.timeout; the document waited in the proxy's queue). Retry later.") from None
         rec["queue_ms"] = _ms(self.loop.time() - t0) if waited else 0.0
         try:
-            first = await self._first(request, deadline, s.mineru_timeout)
-            upload = Upload(request.content, first, length, "Content-Encoding" in request.headers, limit, _too_large)
-            headers = _forwarded_headers(request, rid, self._proxy.relay.drop) + upload.headers
-            rec["attempts"], rec["backend"] = 1, pool.name
-            try:
-                conn = await pool.open(pool.build_head(b"POST", b"/file_parse", headers, upload.length), upload.first,
-                                       deadline)
-            except ConnectFailed as e:
-                raise ProxyError(502, f"MinerU ({s.mineru_url}) cannot be reached: {e}. Is dcu-mineru.service "
-                                      f"running?") from None
+            conn, upload = await self._open_upload(request, rec, rid, pool, b"/file_parse", deadline)
             try:
                 await upload.pass_on(conn, deadline, s.mineru_timeout)
                 return await self._answer(request, conn, pool, rec, rid)
@@ -284,6 +269,33 @@ class MinerU:
                                       f"later.") from None
         finally:
             self.slots.release()
+
+    def _upload_pool(self, request: web.BaseRequest) -> Pool:
+        """MinerU's pool for an upload: a 404 with the entrance off, a 413 for a declared length over MinerU's limit
+        (before a byte is read)."""
+        if self.pool is None:
+            raise self._off()
+        limit = self._proxy.settings.mineru_max_upload_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(limit)
+        return self.pool
+
+    async def _open_upload(self, request: web.BaseRequest, rec: dict, rid: str, pool: Pool, path: bytes,
+                           deadline: float):
+        """MinerU's `path` opened with the caller's upload, once its first bytes came (the parse's slot or the task's
+        room is taken by then): the connection and the Upload still to pass on."""
+        s = self._proxy.settings
+        first = await self._first(request, deadline, s.mineru_timeout)
+        upload = Upload(request.content, first, request.content_length, "Content-Encoding" in request.headers,
+                        s.mineru_max_upload_bytes, _too_large)
+        headers = _forwarded_headers(request, rid, self._proxy.relay.drop) + upload.headers
+        rec["attempts"], rec["backend"] = 1, pool.name
+        try:
+            conn = await pool.open(pool.build_head(b"POST", path, headers, upload.length), upload.first, deadline)
+        except ConnectFailed as e:
+            raise ProxyError(502, f"MinerU ({s.mineru_url}) cannot be reached: {e}. Is dcu-mineru.service "
+                                  f"running?") from None
+        return conn, upload
 
     @staticmethod
     async def _first(request: web.BaseRequest, deadline: float, timeout: float) -> bytes:
@@ -358,27 +370,12 @@ class MinerU:
 
     async def _submit(self, request: web.BaseRequest, rec: dict, rid: str, t0: float) -> web.StreamResponse:
         s = self._proxy.settings
-        pool = self.pool
-        if pool is None:
-            raise self._off()
-        limit = s.mineru_max_upload_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            raise _too_large(limit)
+        pool = self._upload_pool(request)
         deadline = t0 + s.mineru_timeout
         await self._room_for_a_task(pool, rid)
         self.submitting += 1  # counted from the check on, so submissions that race each other see one another
         try:
-            first = await self._first(request, deadline, s.mineru_timeout)
-            upload = Upload(request.content, first, length, "Content-Encoding" in request.headers, limit, _too_large)
-            headers = _forwarded_headers(request, rid, self._proxy.relay.drop) + upload.headers
-            rec["attempts"], rec["backend"] = 1, pool.name
-            try:
-                conn = await pool.open(pool.build_head(b"POST", b"/tasks", headers, upload.length), upload.first,
-                                       deadline)
-            except ConnectFailed as e:
-                raise ProxyError(502, f"MinerU ({s.mineru_url}) cannot be reached: {e}. Is dcu-mineru.service "
-                                      f"running?") from None
+            conn, upload = await self._open_upload(request, rec, rid, pool, b"/tasks", deadline)
             try:
                 await upload.pass_on(conn, deadline, s.mineru_timeout)
                 status, body, headers = await self._small_answer(conn, pool, rid)
