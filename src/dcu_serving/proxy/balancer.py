@@ -123,12 +123,8 @@ class Group:
         return best
 
     def _free(self) -> int:
-        """The pool's free slots."""
-        free = 0
-        for b in self._routable:
-            if b.active < b.cap:
-                free += b.cap - b.active
-        return free
+        """The pool's free slots (counted only with a reserve: never on the plain path)."""
+        return sum(b.cap - b.active for b in self._routable if b.active < b.cap)
 
     def take(self, front: bool = False) -> Backend | None:
         """A free slot now, or None: then `wait` for one.
