@@ -149,6 +149,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.dcu.serving.plugins.module_utils.bundle_index import file_problem
 from ansible_collections.dcu.serving.plugins.module_utils.checksum import ChecksumCache, default_cache_path, verify
 
 
@@ -195,24 +196,24 @@ def main():
     cache_path = default_cache_path() if params["cache"] is None else params["cache"] or None
     cache = ChecksumCache(cache_path, write=not module.check_mode)
     if params["artifacts"] is None:
-        result = check(module, cache, params["path"], params["sha256"], params["name"] or params["path"])
-        for warning in cache.warnings:
-            module.warn(warning)
-        if params["strict"] and not result["verified"]:
-            module.fail_json(msg=failure(result), changed=False, **result)
-        module.exit_json(changed=False, **result)
-
-    results = []
-    for artifact in params["artifacts"]:
-        name = artifact.get("file")
-        if not isinstance(name, str) or not name or name.startswith("/") or ".." in name.split("/"):
-            module.fail_json(msg="every entry of artifacts needs a file, a relative path inside directory as in "
-                                 "index.json, got {!r}".format(artifact))
-        path = os.path.join(params["directory"], artifact["file"])
-        results.append(dict(check(module, cache, path, artifact.get("sha256"), artifact["file"]), item=artifact))
+        results = [check(module, cache, params["path"], params["sha256"], params["name"] or params["path"])]
+    else:
+        results = []
+        for artifact in params["artifacts"]:
+            name = artifact.get("file")
+            problem = file_problem(name, artifact.get("kind"))  # the bundle format's own rule: inside, plain
+            if problem:
+                module.fail_json(msg="every entry of artifacts needs a file, a relative path inside directory as in "
+                                     "index.json: {!r} {}".format(name, problem))
+            path = os.path.join(params["directory"], name)
+            results.append(dict(check(module, cache, path, artifact.get("sha256"), name), item=artifact))
     for warning in cache.warnings:
         module.warn(warning)
     bad = [r for r in results if not r["verified"]]
+    if params["artifacts"] is None:
+        if params["strict"] and bad:
+            module.fail_json(msg=failure(bad[0]), changed=False, **bad[0])
+        module.exit_json(changed=False, **results[0])
     if params["strict"] and bad:
         module.fail_json(msg="{} of {} artifacts do not verify: {}".format(
             len(bad), len(results), "; ".join(failure(r) for r in bad)), changed=False, results=results)
