@@ -61,13 +61,17 @@ def outcome(server: ServerProcess) -> str | int:
 
 
 def test_instances_started_together_with_the_same_vllm_port_collide(tmp_path, servers):
+    """Both probe VLLM_PORT before either binds it (the load time is the window), and the second bind fails."""
     path = model_dir(tmp_path, "m", EMBEDDER)
+    # The window must outlast the two interpreters' start-up stagger on a loaded machine (CI's was over 3 s:
+    # the later one probed after the first had bound, took the next port up, and that was the other's API port).
+    a, b = (launch(tmp_path, path, "--sim-load-seconds", "10", env={}, name=n) for n in "ab")
+    # Taken after the API ports, so the port above it (where a late prober goes) is nobody's API port.
     internal = str(free_port())
-    env = base_env(VLLM_PORT=internal, HF_HUB_OFFLINE="1")
-    a, b = (launch(tmp_path, path, "--sim-load-seconds", "3", env=env, name=n) for n in "ab")
+    a.env = b.env = base_env(VLLM_PORT=internal, HF_HUB_OFFLINE="1")
     start_all(servers, a, b)
     results = wait_until(lambda: all(outcome(s) is not None for s in (a, b)) and [outcome(s) for s in (a, b)],
-                         30, interval=0.1, what="both instances serving or exited")
+                         60, interval=0.1, what="both instances serving or exited")
     assert sorted(results, key=str) == [1, "serving"], results
     loser = a if results[0] == 1 else b
     log = loser.log.read_text()
