@@ -338,7 +338,11 @@ def test_a_rolling_restart_across_both_hosts_under_light_load_fails_no_request_a
     for n in NODES:  # both hosts' cards were restarted, one host at a time (dcu_serial)
         assert on(n, "systemctl", "show", "-p", "ExecMainStartTimestampMonotonic", "vllm@0") != started[n]
     failures = [o for o in sent if o[3] != 200]
-    assert len(sent) > 20 and not failures, f"{len(failures)} of {len(sent)} failed: {failures[:5]}"
+    spans = {n: [read_at for read_at, hosts in seen if n in hosts] for n in NODES}
+    when = "; ".join(f"{n} seen drained {min(r):.1f}-{max(r):.1f}" if r else f"{n} never seen drained"
+                     for n, r in spans.items())
+    assert len(sent) > 20 and not failures, \
+        f"{len(failures)} of {len(sent)} failed: {failures[:5]} ({when}); the playbook's end: {out[-2500:]}"
     assert drained_now()[1] == {}, "a host was left drained"
 
     assert all(o[0] for o in sent), "an answer without the host's request id"
