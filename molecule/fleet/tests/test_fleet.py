@@ -54,12 +54,11 @@ def on(name: str, *argv: str, check: bool = True) -> str:
 def proxy_serves_every_card(name: str) -> bool:
     """The host's dcu-proxy answers /__lb_status on its loopback (as dcu_proxy's own start wait asks it) with every
     backend in rotation."""
-    script = ("import json, sys, urllib.request\n"
+    script = ("import json, urllib.request\n"
               "status = urllib.request.urlopen('http://127.0.0.1:8000/__lb_status', timeout=2)\n"
               "backends = json.load(status)['backends']\n"
-              "sys.exit(0 if backends and all(b['healthy'] for b in backends) else 1)")
-    return subprocess.run(["docker", "exec", container(name), "python3", "-c", script], capture_output=True,
-                          check=False).returncode == 0
+              "print(bool(backends) and all(b['healthy'] for b in backends))")
+    return on(name, "python3", "-c", script, check=False).strip() == "True"
 
 
 def address(name: str) -> str:
