@@ -266,7 +266,7 @@ def main():
     if args.callers:
         rr_work = res["nginx round-robin"]["work_tokens"] / max(res["dcu-proxy fifo"]["work_tokens"], 1)
         print(f"In this closed loop round-robin did {rr_work:.2f}x FIFO's work: its short median is that of cards "
-              "with slots left idle, which no front end that keeps every slot busy can match. Issue 31's figures "
+              "with slots left idle, which a front end that keeps every slot busy cannot reach. Issue 31's figures "
               "are judged in the open loop (the default); these are for reference.")
     for front in (name for name in fronts_named if name.startswith("dcu-proxy") and name != "dcu-proxy fifo"):
         checks = check(res, front)
