@@ -12,7 +12,7 @@ import requests
 from proxy.proxytools import FAST, body, slow, start_sims
 
 from dcu_serving.proxy.results import FIELDS
-from support import sse, wait_until
+from support import make_proxy, sse, wait_until
 
 
 def name(sim) -> str:
@@ -25,6 +25,28 @@ def refuses_connections(port: int) -> bool:
         return False
     except OSError:
         return True
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["socket file", "abstract socket"])
+def test_under_systemd_ready_comes_once_the_proxy_serves(start_sim, tmp_path, abstract):
+    """The venv unit is Type=notify: `systemctl start dcu-proxy` returns, and the unit is active, when the proxy
+    sends READY=1 to $NOTIFY_SOCKET. By then it must listen and have checked its cards: a request sent the moment
+    READY arrives, without a retry, finds the card in rotation."""
+    sim = start_sim()
+    name = f"dcu-proxy-test-{tmp_path.name}" if abstract else str(tmp_path / "notify")
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    systemd.bind("\0" + name if abstract else name)
+    systemd.settimeout(15)  # the deadline for READY
+    proxy = make_proxy(tmp_path, [sim.url])
+    proxy.env["NOTIFY_SOCKET"] = "@" + name if abstract else name
+    try:
+        proxy.start(ready_path=None)
+        assert systemd.recv(4096) == b"READY=1"
+        status = proxy.lb_status()
+        assert (status["healthy"], status["total"]) == (1, 1)
+    finally:
+        proxy.stop()
+        systemd.close()
 
 
 def test_sighup_reloads_backends_and_settings_without_dropping_in_flight(start_sim, start_proxy):

@@ -93,6 +93,18 @@ def test_proxy_runs_hardened_as_its_own_user_with_the_derived_backends(host, uni
     assert data["backends"] == BACKENDS and data["models"] == [MODEL] and data["backend_concurrency"] == 4
 
 
+def test_the_proxy_unit_is_active_only_once_it_serves_every_card(host, unit, proxy_url):
+    """Type=notify: `systemctl restart dcu-proxy` returns when the proxy listens and has checked its cards once, so
+    what runs next (a play's next task, an operator's curl, a caller) is served at once, without a wait of its own.
+    One request, no retry."""
+    assert unit(host, "dcu-proxy", "Type") == "notify"
+    before = unit(host, "dcu-proxy", "MainPID")
+    host.check_output("systemctl restart dcu-proxy")
+    status = requests.get(proxy_url + "/__lb_status", timeout=5).json()
+    assert (status["healthy"], status["total"]) == (CARDS, CARDS), status
+    assert unit(host, "dcu-proxy", "MainPID") != before
+
+
 def test_cluster_health_reports_8_of_8(host, dcu_module):
     result = dcu_module(host, "dcu.serving.cluster_health", expected=CARDS, check_backends="true", timeout=60)
     assert result.get("summary") == "8/8", result.get("msg")

@@ -283,8 +283,9 @@ def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first(run_playboo
         print("verify.yml with node-a's proxy stopped: " + out[out.index("the gateway does not reach"):][:300])
     finally:
         on("node-a", "systemctl", "start", "dcu-proxy")
-    # Serving again, not only `active` (Type=exec is active before the proxy listens, and its cards join only once
-    # a health check passes): on 2026-12-06 the next test's first two requests went to node-a in that gap (500s).
+    # Serving again before the next test's callers (on 2026-12-06, with the unit active before the proxy listened,
+    # their first two requests went to node-a in that gap: 500s). The venv unit is Type=notify now, active once the
+    # proxy listens with its cards checked; this holds for the container runtime's Type=exec too.
     wait_until(lambda: proxy_serves_every_card("node-a"), 60, interval=0.5,
                what="node-a's dcu-proxy answering with every card in rotation")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 
 from . import config as configuration
@@ -15,6 +17,20 @@ except ImportError:  # a platform without uvloop wheels still works, on asyncio'
 
 
 KINDS = ", ".join(configuration.KINDS)
+
+
+def notify_systemd() -> None:
+    """READY=1 to systemd once the proxy listens and has checked its backends once: the unit is Type=notify, so
+    `systemctl start dcu-proxy` returns, and the unit counts as active, only when the proxy serves (sd_notify's
+    protocol, a datagram to $NOTIFY_SOCKET). Outside a unit the variable is unset and nothing is sent."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.connect(address)
+        sock.sendall(b"READY=1")
 
 
 def backend(value: str) -> tuple[str | None, str]:
@@ -92,7 +108,7 @@ def main(argv=None) -> int:
     from .server import serve  # aiohttp is imported only when serving
 
     try:
-        run(serve(config, load))
+        run(serve(config, load, ready=notify_systemd))
     except configuration.ConfigError as e:
         print(f"dcu-proxy: configuration error: {e}", file=sys.stderr)
         return 2
