@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +34,12 @@ def test_under_systemd_ready_comes_once_the_proxy_serves(start_sim, tmp_path, ab
     sends READY=1 to $NOTIFY_SOCKET. By then it must listen and have checked its cards: a request sent the moment
     READY arrives, without a retry, finds the card in rotation."""
     sim = start_sim()
-    name = f"dcu-proxy-test-{tmp_path.name}" if abstract else str(tmp_path / "notify")
+    address = f"dcu-proxy-test-{os.getpid()}" if abstract else str(tmp_path / "notify")
     systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    systemd.bind("\0" + name if abstract else name)
+    systemd.bind("\0" + address if abstract else address)
     systemd.settimeout(15)  # the deadline for READY
     proxy = make_proxy(tmp_path, [sim.url])
-    proxy.env["NOTIFY_SOCKET"] = "@" + name if abstract else name
+    proxy.env["NOTIFY_SOCKET"] = "@" + address if abstract else address
     try:
         proxy.start(ready_path=None)
         assert systemd.recv(4096) == b"READY=1"

@@ -284,8 +284,8 @@ def test_one_hosts_proxy_stopped_the_other_answers_all_but_the_first(run_playboo
     finally:
         on("node-a", "systemctl", "start", "dcu-proxy")
     # Serving again before the next test's callers (on 2026-12-06, with the unit active before the proxy listened,
-    # their first two requests went to node-a in that gap: 500s). The venv unit is Type=notify now, active once the
-    # proxy listens with its cards checked; this holds for the container runtime's Type=exec too.
+    # their first two requests went to node-a in that gap: 500s). The venv unit is Type=notify now, so `start`
+    # returns only once the proxy serves; the wait stays for the container runtime, whose unit is Type=exec.
     wait_until(lambda: proxy_serves_every_card("node-a"), 60, interval=0.5,
                what="node-a's dcu-proxy answering with every card in rotation")
 
