@@ -41,7 +41,8 @@ def _render_proxy_unit(version: int) -> str:
 def test_systemd_219_gets_the_old_spellings_and_nothing_it_does_not_know():
     unit = _render_proxy_unit(219)
     directives = _directives(unit)
-    assert directives["Type"] == ["simple"], "Type=exec needs 240"
+    assert directives["Type"] == ["notify"], "the venv's unit: READY=1 from the proxy (known to 219)"
+    assert _directives(systemd_compatible("[Service]\nType=exec\n", 219))["Type"] == ["simple"], "Type=exec needs 240"
     assert directives["ProtectSystem"] == ["full"], "ProtectSystem=strict needs 232"
     assert directives["ReadWriteDirectories"] == ["/var/log"] and "ReadWritePaths" not in directives
     assert directives["CPUShares"] == ["8192"] and "CPUWeight" not in directives, "800 of 100 is 8192 of 1024"
@@ -53,7 +54,7 @@ def test_systemd_219_gets_the_old_spellings_and_nothing_it_does_not_know():
 
 def test_a_current_systemd_keeps_the_whole_hardening():
     directives = _directives(_render_proxy_unit(252))
-    assert directives["Type"] == ["exec"] and directives["ProtectSystem"] == ["strict"]
+    assert directives["Type"] == ["notify"] and directives["ProtectSystem"] == ["strict"]
     for name in ("ProtectKernelLogs", "ProtectClock", "ProtectProc", "RestrictSUIDSGID", "CPUWeight"):
         assert name in directives, name
     assert directives["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
